@@ -1,0 +1,629 @@
+//! The turn lifecycle as a pure state machine: `apply(record, event, now) -> Step`.
+//!
+//! The record is the whole truth about a turn (the value in the `turnpike_turns` bucket). Shells turn
+//! NATS and Docker IO into [`Event`]s and carry out the [`Effect`]s; nothing here does IO or reads a
+//! clock. Invariants (checked by the property tests below):
+//! - a turn never gets more than `max(MAX_TURN_RETRY, 1)` attempts;
+//! - once terminal, a turn never changes state again, and it sends at most one notice;
+//! - no attempt is dispatched after a bot message landed, after an operator kill, or after a clean exit;
+//! - events that are duplicated, late, or for a superseded attempt change nothing.
+
+use crate::ids::{ChatId, RunnerId, TurnId};
+use crate::texts;
+use crate::time::{duration_ms, Timestamp};
+use crate::wire::{ExitClass, ExitReport, HistoryEntry, InboundMessage, OperatorAction, WorkItem};
+use crate::FORMAT_VERSION;
+use serde::{Deserialize, Serialize};
+use std::time::Duration;
+
+/// Where a turn is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TurnState {
+    /// Created, waiting for its chat's earlier turn to end (per-chat order).
+    Waiting,
+    /// The current attempt is published; no runner has reported starting it.
+    Queued,
+    /// A runner runs the current attempt.
+    Running,
+    /// The last attempt died empty-handed; the next one is scheduled for `next_attempt_due`.
+    PendingRetry,
+    /// Terminal: the run ended cleanly (with a reply, or with the silent-turn notice).
+    Done,
+    /// Terminal: failed and not retried (agent failure, could not start, died after replying).
+    Failed,
+    /// Terminal: every attempt died without a bot message.
+    GaveUp,
+    /// Terminal: an operator killed it.
+    Killed,
+}
+
+impl TurnState {
+    pub fn is_terminal(self) -> bool {
+        matches!(
+            self,
+            TurnState::Done | TurnState::Failed | TurnState::GaveUp | TurnState::Killed
+        )
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TurnState::Waiting => "waiting",
+            TurnState::Queued => "queued",
+            TurnState::Running => "running",
+            TurnState::PendingRetry => "pending_retry",
+            TurnState::Done => "done",
+            TurnState::Failed => "failed",
+            TurnState::GaveUp => "gave_up",
+            TurnState::Killed => "killed",
+        }
+    }
+
+    pub const ALL: [TurnState; 8] = [
+        TurnState::Waiting,
+        TurnState::Queued,
+        TurnState::Running,
+        TurnState::PendingRetry,
+        TurnState::Done,
+        TurnState::Failed,
+        TurnState::GaveUp,
+        TurnState::Killed,
+    ];
+}
+
+impl std::fmt::Display for TurnState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for TurnState {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        TurnState::ALL
+            .into_iter()
+            .find(|st| st.as_str() == s)
+            .ok_or_else(|| {
+                let all: Vec<_> = TurnState::ALL.iter().map(|s| s.as_str()).collect();
+                format!(
+                    "unknown turn state {s:?}; expected one of {}",
+                    all.join(", ")
+                )
+            })
+    }
+}
+
+/// Why a terminal turn ended as it did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OutcomeReason {
+    Replied,
+    SilentTurn,
+    AgentFailed,
+    CouldNotStart,
+    DiedAfterReply,
+    BudgetSpent,
+    OperatorKilled,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Outcome {
+    pub reason: OutcomeReason,
+    pub at: Timestamp,
+    /// Attempts actually made.
+    pub attempts: u32,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum NoticeKind {
+    GiveUp,
+    Plain,
+    SilentTurn,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NoticeRecord {
+    pub kind: NoticeKind,
+    pub text: String,
+    pub attempt: u32,
+    pub at: Timestamp,
+}
+
+/// One attempt's history, kept in the turn record for operators (`turnpike turns show`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AttemptRecord {
+    pub n: u32,
+    /// When a retry was due (death time + retry delay); none for attempt 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub due_at: Option<Timestamp>,
+    /// When the work item was stored in the work stream (for a retry: when its schedule fired).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub published_at: Option<Timestamp>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_at: Option<Timestamp>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runner: Option<RunnerId>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit: Option<ExitReport>,
+    pub messages_landed: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub preamble: Option<String>,
+}
+
+impl AttemptRecord {
+    fn new(n: u32) -> Self {
+        AttemptRecord {
+            n,
+            due_at: None,
+            published_at: None,
+            started_at: None,
+            runner: None,
+            exit: None,
+            messages_landed: 0,
+            preamble: None,
+        }
+    }
+}
+
+/// The value in the `turnpike_turns` bucket: everything that decides a turn.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TurnRecord {
+    #[serde(default = "v1")]
+    pub v: u16,
+    pub turn: TurnId,
+    pub chat: ChatId,
+    pub message: InboundMessage,
+    /// Conversation history as it was when the turn was created; every attempt sees the same.
+    #[serde(default)]
+    pub history: Vec<HistoryEntry>,
+    /// `MAX_TURN_RETRY` when the turn was created.
+    pub max_turn_retry: u32,
+    /// `max(max_turn_retry, 1)`: attempts this turn may get. Fixed at creation, so a config change
+    /// never alters a turn in flight.
+    pub max_attempts: u32,
+    #[serde(with = "duration_ms", rename = "retry_delay_ms")]
+    pub retry_delay: Duration,
+    pub created_at: Timestamp,
+    pub updated_at: Timestamp,
+    pub state: TurnState,
+    /// The current attempt: the latest one published or scheduled (0 while waiting).
+    pub attempt: u32,
+    pub retry_count: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_attempt_due: Option<Timestamp>,
+    #[serde(default)]
+    pub attempts: Vec<AttemptRecord>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kill: Option<OperatorAction>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub outcome: Option<Outcome>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub notice: Option<NoticeRecord>,
+    #[serde(default)]
+    pub chat_flagged: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rerun_of: Option<TurnId>,
+    /// Effects decided but not yet confirmed carried out (transactional outbox). A shell that finds
+    /// effects here carries them out again; each is idempotent by its dedup id.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub outbox: Vec<Effect>,
+}
+
+fn v1() -> u16 {
+    FORMAT_VERSION
+}
+
+/// What a shell tells the state machine.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Event {
+    /// The chat's earlier turn ended; this one may start.
+    Admitted,
+    /// A runner claimed the attempt and started it.
+    Started {
+        attempt: u32,
+        runner: RunnerId,
+        published_at: Timestamp,
+    },
+    /// A bot message of this attempt landed on the chat's outbound subject (`seq` from 1).
+    MessageLanded { attempt: u32, seq: u32 },
+    /// The attempt ended (reported by its runner, or by the sweep as runner lost).
+    Exited { attempt: u32, report: ExitReport },
+    /// An operator asked to kill the turn.
+    KillRequested { action: OperatorAction },
+}
+
+/// What the state machine asks a shell to do. Every effect is idempotent (dedup ids derived from
+/// turn and attempt), so carrying one out twice is harmless.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Effect {
+    /// Publish the work item of `attempt`, now (`not_before` none) or scheduled at `not_before`.
+    DispatchAttempt {
+        attempt: u32,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        not_before: Option<Timestamp>,
+    },
+    /// Send one notice to the chat.
+    Notify {
+        kind: NoticeKind,
+        text: String,
+        attempt: u32,
+    },
+    /// Flag the chat errored for operators.
+    FlagChatErrored { reason: String },
+    /// Tell the runner of `attempt` to kill its container.
+    ForwardKill { attempt: u32 },
+    /// Make sure `attempt` never runs: cancel its schedule and take its claim.
+    CancelAttempt { attempt: u32 },
+    /// The turn reached a terminal state: drop it from the live index, let the chat's next turn go.
+    Ended { state: TurnState },
+}
+
+/// Why an event changed nothing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Unchanged {
+    /// Already applied.
+    Duplicate,
+    /// For an attempt that is no longer the current one.
+    Superseded { attempt: u32, current: u32 },
+    /// The turn had already ended.
+    AlreadyEnded { state: TurnState },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Step {
+    Changed {
+        record: Box<TurnRecord>,
+        effects: Vec<Effect>,
+    },
+    Unchanged(Unchanged),
+}
+
+/// An event that cannot be right for this turn. The shell dead-letters it; the turn is untouched.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TransitionError {
+    #[error("event for attempt {attempt}, but only attempt {current} was ever published")]
+    FutureAttempt { attempt: u32, current: u32 },
+    #[error("attempt numbers start at 1; got 0")]
+    AttemptZero,
+    #[error("event for attempt {attempt} while the turn is still waiting for its chat")]
+    NotAdmitted { attempt: u32 },
+    #[error("attempt {attempt} was started by runner {recorded}, but {claimed} claims it too")]
+    ConflictingRunner {
+        attempt: u32,
+        recorded: RunnerId,
+        claimed: RunnerId,
+    },
+    #[error("bot message sequence numbers start at 1; got 0")]
+    SeqZero,
+}
+
+/// What the dispatcher knows when it creates a turn.
+#[derive(Debug, Clone)]
+pub struct NewTurn {
+    pub turn: TurnId,
+    pub message: InboundMessage,
+    pub history: Vec<HistoryEntry>,
+    pub max_turn_retry: u32,
+    pub retry_delay: Duration,
+    pub rerun_of: Option<TurnId>,
+    /// False when the chat has a live turn: the new one waits for [`Event::Admitted`].
+    pub admit_now: bool,
+}
+
+/// A new turn record, and attempt 1 to dispatch if it may start now.
+pub fn create(new: NewTurn, now: Timestamp) -> (TurnRecord, Vec<Effect>) {
+    let max_attempts = new.max_turn_retry.max(1);
+    let mut record = TurnRecord {
+        v: FORMAT_VERSION,
+        turn: new.turn,
+        chat: new.message.chat.clone(),
+        message: new.message,
+        history: new.history,
+        max_turn_retry: new.max_turn_retry,
+        max_attempts,
+        retry_delay: new.retry_delay,
+        created_at: now,
+        updated_at: now,
+        state: TurnState::Waiting,
+        attempt: 0,
+        retry_count: 0,
+        next_attempt_due: None,
+        attempts: Vec::new(),
+        kill: None,
+        outcome: None,
+        notice: None,
+        chat_flagged: false,
+        rerun_of: new.rerun_of,
+        outbox: Vec::new(),
+    };
+    let effects = if new.admit_now {
+        admit(&mut record)
+    } else {
+        Vec::new()
+    };
+    (record, effects)
+}
+
+fn admit(r: &mut TurnRecord) -> Vec<Effect> {
+    r.state = TurnState::Queued;
+    r.attempt = 1;
+    r.attempts.push(AttemptRecord::new(1));
+    vec![Effect::DispatchAttempt {
+        attempt: 1,
+        not_before: None,
+    }]
+}
+
+impl TurnRecord {
+    pub fn current_attempt(&self) -> Option<&AttemptRecord> {
+        self.attempts.iter().find(|a| a.n == self.attempt)
+    }
+
+    fn current_attempt_mut(&mut self) -> &mut AttemptRecord {
+        let n = self.attempt;
+        if let Some(i) = self.attempts.iter().position(|a| a.n == n) {
+            &mut self.attempts[i]
+        } else {
+            self.attempts.push(AttemptRecord::new(n));
+            let last = self.attempts.len() - 1;
+            &mut self.attempts[last]
+        }
+    }
+
+    /// Did any bot message of this turn land, in any attempt?
+    pub fn any_landed(&self) -> bool {
+        self.attempts.iter().any(|a| a.messages_landed > 0)
+    }
+
+    /// The work item for `attempt`: the same message and history every time, the preamble from 2 on.
+    pub fn work_item(&self, attempt: u32) -> WorkItem {
+        WorkItem {
+            v: FORMAT_VERSION,
+            turn: self.turn.clone(),
+            chat: self.chat.clone(),
+            attempt,
+            max_attempts: self.max_attempts,
+            prompt: texts::prompt_for_attempt(&self.message.text, attempt, self.max_attempts),
+            message: self.message.clone(),
+            history: self.history.clone(),
+        }
+    }
+}
+
+/// Apply one event. `now` is only used to stamp records and to bound a reported death time that
+/// lies in the future (clock skew), so the retry delay is never stretched by another host's clock.
+pub fn apply(record: &TurnRecord, event: &Event, now: Timestamp) -> Result<Step, TransitionError> {
+    let mut r = record.clone();
+    let effects = match event {
+        Event::Admitted => {
+            if r.state != TurnState::Waiting {
+                return Ok(unchanged_for_state(r.state));
+            }
+            admit(&mut r)
+        }
+        Event::Started {
+            attempt,
+            runner,
+            published_at,
+        } => {
+            if let Some(u) = fence(&r, *attempt)? {
+                return Ok(Step::Unchanged(u));
+            }
+            let a = r.current_attempt_mut();
+            match &a.runner {
+                Some(recorded) if recorded == runner => {
+                    return Ok(Step::Unchanged(Unchanged::Duplicate));
+                }
+                Some(recorded) => {
+                    return Err(TransitionError::ConflictingRunner {
+                        attempt: *attempt,
+                        recorded: recorded.clone(),
+                        claimed: runner.clone(),
+                    });
+                }
+                None => {}
+            }
+            a.runner = Some(runner.clone());
+            a.started_at = Some(now);
+            a.published_at = Some(*published_at);
+            r.state = TurnState::Running;
+            r.next_attempt_due = None;
+            Vec::new()
+        }
+        Event::MessageLanded { attempt, seq } => {
+            if *seq == 0 {
+                return Err(TransitionError::SeqZero);
+            }
+            if let Some(u) = fence(&r, *attempt)? {
+                return Ok(Step::Unchanged(u));
+            }
+            let a = r.current_attempt_mut();
+            if a.messages_landed >= *seq {
+                return Ok(Step::Unchanged(Unchanged::Duplicate));
+            }
+            a.messages_landed = *seq;
+            r.state = TurnState::Running;
+            r.next_attempt_due = None;
+            Vec::new()
+        }
+        Event::Exited { attempt, report } => {
+            if let Some(u) = fence(&r, *attempt)? {
+                return Ok(Step::Unchanged(u));
+            }
+            let a = r.current_attempt_mut();
+            // What landed is the larger of what we saw land and what the runner says landed.
+            a.messages_landed = a.messages_landed.max(report.messages_landed);
+            a.exit = Some(report.clone());
+            let death_at = report.ended_at.min(now);
+            decide(&mut r, report.class, death_at, now)
+        }
+        Event::KillRequested { action } => match r.state {
+            s if s.is_terminal() => return Ok(unchanged_for_state(s)),
+            TurnState::Running => {
+                if r.kill.is_some() {
+                    return Ok(Step::Unchanged(Unchanged::Duplicate));
+                }
+                r.kill = Some(action.clone());
+                vec![Effect::ForwardKill { attempt: r.attempt }]
+            }
+            TurnState::Waiting | TurnState::Queued | TurnState::PendingRetry => {
+                r.kill = Some(action.clone());
+                let mut effects = Vec::new();
+                if r.attempt > 0 {
+                    effects.push(Effect::CancelAttempt { attempt: r.attempt });
+                }
+                effects.extend(finish(
+                    &mut r,
+                    TurnState::Killed,
+                    OutcomeReason::OperatorKilled,
+                    now,
+                ));
+                effects
+            }
+            _ => return Ok(unchanged_for_state(r.state)),
+        },
+    };
+    r.updated_at = now;
+    Ok(Step::Changed {
+        record: Box::new(r),
+        effects,
+    })
+}
+
+fn unchanged_for_state(state: TurnState) -> Step {
+    if state.is_terminal() {
+        Step::Unchanged(Unchanged::AlreadyEnded { state })
+    } else {
+        Step::Unchanged(Unchanged::Duplicate)
+    }
+}
+
+/// Fence an attempt-scoped event: `Some(reason)` when it must change nothing.
+fn fence(r: &TurnRecord, attempt: u32) -> Result<Option<Unchanged>, TransitionError> {
+    if attempt == 0 {
+        return Err(TransitionError::AttemptZero);
+    }
+    if r.state == TurnState::Waiting {
+        return Err(TransitionError::NotAdmitted { attempt });
+    }
+    if attempt > r.attempt {
+        return Err(TransitionError::FutureAttempt {
+            attempt,
+            current: r.attempt,
+        });
+    }
+    if r.state.is_terminal() {
+        return Ok(Some(Unchanged::AlreadyEnded { state: r.state }));
+    }
+    if attempt < r.attempt {
+        return Ok(Some(Unchanged::Superseded {
+            attempt,
+            current: r.attempt,
+        }));
+    }
+    Ok(None)
+}
+
+/// The lifecycle table: how the current attempt's exit decides the turn.
+fn decide(
+    r: &mut TurnRecord,
+    class: ExitClass,
+    death_at: Timestamp,
+    now: Timestamp,
+) -> Vec<Effect> {
+    let landed = r.any_landed();
+    let killed = class == ExitClass::OperatorKilled
+        || (r.kill.is_some() && (class.is_death() || class == ExitClass::CouldNotStart));
+    if killed {
+        return finish(r, TurnState::Killed, OutcomeReason::OperatorKilled, now);
+    }
+    match class {
+        ExitClass::Clean if landed => finish(r, TurnState::Done, OutcomeReason::Replied, now),
+        ExitClass::Clean => finish(r, TurnState::Done, OutcomeReason::SilentTurn, now),
+        ExitClass::AgentFailed => finish(r, TurnState::Failed, OutcomeReason::AgentFailed, now),
+        ExitClass::CouldNotStart if landed => {
+            finish(r, TurnState::Failed, OutcomeReason::DiedAfterReply, now)
+        }
+        ExitClass::CouldNotStart => finish(r, TurnState::Failed, OutcomeReason::CouldNotStart, now),
+        _ if landed => finish(r, TurnState::Failed, OutcomeReason::DiedAfterReply, now),
+        _ if r.attempt < r.max_attempts => {
+            let next = r.attempt + 1;
+            let due = death_at.saturating_add(r.retry_delay);
+            r.state = TurnState::PendingRetry;
+            r.retry_count += 1;
+            r.attempt = next;
+            r.next_attempt_due = Some(due);
+            let mut a = AttemptRecord::new(next);
+            a.due_at = Some(due);
+            a.preamble = Some(texts::retry_preamble(next, r.max_attempts));
+            r.attempts.push(a);
+            vec![Effect::DispatchAttempt {
+                attempt: next,
+                not_before: Some(due),
+            }]
+        }
+        _ => finish(r, TurnState::GaveUp, OutcomeReason::BudgetSpent, now),
+    }
+}
+
+/// Enter a terminal state: record the outcome, the one notice, the errored flag, and say so.
+fn finish(
+    r: &mut TurnRecord,
+    state: TurnState,
+    reason: OutcomeReason,
+    now: Timestamp,
+) -> Vec<Effect> {
+    let attempts = r.attempt;
+    r.state = state;
+    r.next_attempt_due = None;
+    r.outcome = Some(Outcome {
+        reason,
+        at: now,
+        attempts,
+    });
+    let notice = match reason {
+        OutcomeReason::Replied | OutcomeReason::OperatorKilled => None,
+        OutcomeReason::SilentTurn => {
+            Some((NoticeKind::SilentTurn, texts::SILENT_TURN_NOTICE.to_owned()))
+        }
+        OutcomeReason::AgentFailed
+        | OutcomeReason::CouldNotStart
+        | OutcomeReason::DiedAfterReply => {
+            Some((NoticeKind::Plain, texts::PLAIN_FAILURE_NOTICE.to_owned()))
+        }
+        OutcomeReason::BudgetSpent => Some((NoticeKind::GiveUp, texts::give_up_notice(attempts))),
+    };
+    let mut effects = Vec::new();
+    if let Some((kind, text)) = notice {
+        if r.notice.is_none() {
+            r.notice = Some(NoticeRecord {
+                kind,
+                text: text.clone(),
+                attempt: attempts,
+                at: now,
+            });
+            effects.push(Effect::Notify {
+                kind,
+                text,
+                attempt: attempts,
+            });
+        }
+    }
+    let flag = match reason {
+        OutcomeReason::BudgetSpent => Some(format!("gave up after {attempts} attempt(s)")),
+        OutcomeReason::CouldNotStart => Some("agent could not start".to_owned()),
+        _ => None,
+    };
+    if let Some(reason) = flag {
+        r.chat_flagged = true;
+        effects.push(Effect::FlagChatErrored { reason });
+    }
+    effects.push(Effect::Ended { state });
+    effects
+}
+
+#[cfg(test)]
+mod tests;

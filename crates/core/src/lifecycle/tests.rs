@@ -1,0 +1,783 @@
+//! The lifecycle table, row by row for N = 0, 1, 3, 5, and property tests over random event
+//! sequences with duplicates and reordering.
+
+use super::*;
+use crate::wire::{Attachment, Role};
+use proptest::prelude::*;
+
+const BUDGETS: [u32; 4] = [0, 1, 3, 5];
+const DELAY: Duration = Duration::from_secs(10);
+const T0: Timestamp = Timestamp(1_800_000_000_000);
+
+fn at(secs: u64) -> Timestamp {
+    T0.saturating_add(Duration::from_secs(secs))
+}
+
+fn runner(n: u32) -> RunnerId {
+    RunnerId::new(format!("r{n}")).expect("valid runner id")
+}
+
+fn new_turn(n: u32) -> TurnRecord {
+    let chat = ChatId::new("chat-1").expect("valid");
+    let message = InboundMessage {
+        v: 1,
+        id: "m1".into(),
+        chat: chat.clone(),
+        text: "hello".into(),
+        sender: Some("ann".into()),
+        attachments: vec![Attachment {
+            name: "a.txt".into(),
+            object: "obj-1".into(),
+        }],
+    };
+    let (record, effects) = create(
+        NewTurn {
+            turn: TurnId::for_message(&chat, "m1"),
+            message,
+            history: vec![HistoryEntry {
+                role: Role::User,
+                text: "earlier".into(),
+            }],
+            max_turn_retry: n,
+            retry_delay: DELAY,
+            rerun_of: None,
+            admit_now: true,
+        },
+        T0,
+    );
+    assert_eq!(
+        effects,
+        vec![Effect::DispatchAttempt {
+            attempt: 1,
+            not_before: None
+        }]
+    );
+    assert_eq!(record.state, TurnState::Queued);
+    record
+}
+
+fn report(class: ExitClass, landed: u32, ended: Timestamp) -> ExitReport {
+    ExitReport {
+        class,
+        exit_code: None,
+        signal: None,
+        error: None,
+        messages_landed: landed,
+        ended_at: ended,
+    }
+}
+
+/// Apply and expect a change.
+fn step(r: &TurnRecord, ev: Event, now: Timestamp) -> (TurnRecord, Vec<Effect>) {
+    match apply(r, &ev, now).expect("legal transition") {
+        Step::Changed { record, effects } => (*record, effects),
+        Step::Unchanged(u) => panic!("expected a change for {ev:?}, got {u:?}"),
+    }
+}
+
+/// Run attempt `k` to its exit: started, `landed` messages, exit `class` at `ended`.
+fn run_attempt(
+    r: &TurnRecord,
+    k: u32,
+    class: ExitClass,
+    landed: u32,
+    ended: Timestamp,
+) -> (TurnRecord, Vec<Effect>) {
+    let (mut r, _) = step(
+        r,
+        Event::Started {
+            attempt: k,
+            runner: runner(k),
+            published_at: ended,
+        },
+        ended,
+    );
+    for seq in 1..=landed {
+        let (next, effects) = step(&r, Event::MessageLanded { attempt: k, seq }, ended);
+        assert!(effects.is_empty());
+        r = next;
+    }
+    step(
+        &r,
+        Event::Exited {
+            attempt: k,
+            report: report(class, landed, ended),
+        },
+        ended,
+    )
+}
+
+fn notices(effects: &[Effect]) -> Vec<(NoticeKind, String)> {
+    effects
+        .iter()
+        .filter_map(|e| match e {
+            Effect::Notify { kind, text, .. } => Some((*kind, text.clone())),
+            _ => None,
+        })
+        .collect()
+}
+
+fn flagged(effects: &[Effect]) -> bool {
+    effects
+        .iter()
+        .any(|e| matches!(e, Effect::FlagChatErrored { .. }))
+}
+
+fn ended(effects: &[Effect]) -> Option<TurnState> {
+    effects.iter().find_map(|e| match e {
+        Effect::Ended { state } => Some(*state),
+        _ => None,
+    })
+}
+
+const DEATHS: [ExitClass; 6] = [
+    ExitClass::OomKilled,
+    ExitClass::TimedOut,
+    ExitClass::Crashed,
+    ExitClass::Signaled,
+    ExitClass::RunnerLost,
+    ExitClass::EngineError,
+];
+
+#[test]
+fn attempt_limit_is_max_of_budget_and_one() {
+    for (n, limit) in [(0, 1), (1, 1), (3, 3), (5, 5)] {
+        assert_eq!(new_turn(n).max_attempts, limit, "N={n}");
+    }
+}
+
+#[test]
+fn row_clean_exit_with_reply_is_done() {
+    for n in BUDGETS {
+        let (r, effects) = run_attempt(&new_turn(n), 1, ExitClass::Clean, 2, at(1));
+        assert_eq!(r.state, TurnState::Done, "N={n}");
+        assert_eq!(
+            r.outcome.as_ref().map(|o| o.reason),
+            Some(OutcomeReason::Replied)
+        );
+        assert!(notices(&effects).is_empty());
+        assert!(!flagged(&effects));
+        assert_eq!(ended(&effects), Some(TurnState::Done));
+    }
+}
+
+#[test]
+fn row_clean_exit_without_reply_is_done_with_silent_notice() {
+    for n in BUDGETS {
+        let (r, effects) = run_attempt(&new_turn(n), 1, ExitClass::Clean, 0, at(1));
+        assert_eq!(r.state, TurnState::Done, "N={n}");
+        assert_eq!(
+            notices(&effects),
+            vec![(NoticeKind::SilentTurn, texts::SILENT_TURN_NOTICE.to_owned())]
+        );
+        assert!(!flagged(&effects));
+        assert_eq!(r.attempts.len(), 1, "a clean run is never retried");
+    }
+}
+
+#[test]
+fn row_agent_reported_failure_is_failed_plain_never_retried() {
+    for n in BUDGETS {
+        for landed in [0, 1] {
+            let (r, effects) = run_attempt(&new_turn(n), 1, ExitClass::AgentFailed, landed, at(1));
+            assert_eq!(r.state, TurnState::Failed, "N={n} landed={landed}");
+            assert_eq!(
+                notices(&effects),
+                vec![(NoticeKind::Plain, texts::PLAIN_FAILURE_NOTICE.to_owned())]
+            );
+            assert!(!flagged(&effects));
+            assert_eq!(r.attempts.len(), 1);
+        }
+    }
+}
+
+#[test]
+fn row_could_not_start_is_failed_flagged_not_retried() {
+    for n in BUDGETS {
+        let (r, effects) = run_attempt(&new_turn(n), 1, ExitClass::CouldNotStart, 0, at(1));
+        assert_eq!(r.state, TurnState::Failed, "N={n}");
+        assert_eq!(
+            r.outcome.as_ref().map(|o| o.reason),
+            Some(OutcomeReason::CouldNotStart)
+        );
+        assert_eq!(
+            notices(&effects),
+            vec![(NoticeKind::Plain, texts::PLAIN_FAILURE_NOTICE.to_owned())]
+        );
+        assert!(flagged(&effects));
+        assert!(r.chat_flagged);
+        assert_eq!(r.attempts.len(), 1);
+    }
+}
+
+#[test]
+fn row_death_after_reply_is_failed_plain_not_retried() {
+    for n in BUDGETS {
+        for class in DEATHS {
+            let (r, effects) = run_attempt(&new_turn(n), 1, class, 1, at(1));
+            assert_eq!(r.state, TurnState::Failed, "N={n} {class:?}");
+            assert_eq!(
+                r.outcome.as_ref().map(|o| o.reason),
+                Some(OutcomeReason::DiedAfterReply)
+            );
+            assert_eq!(
+                notices(&effects),
+                vec![(NoticeKind::Plain, texts::PLAIN_FAILURE_NOTICE.to_owned())]
+            );
+            assert!(!flagged(&effects));
+            assert!(!effects
+                .iter()
+                .any(|e| matches!(e, Effect::DispatchAttempt { .. })));
+        }
+    }
+}
+
+#[test]
+fn row_death_reported_landed_only_in_exit_report_counts_too() {
+    // The runner died after landing a message whose MessageLanded event we never saw: the
+    // exit report's count still stops the retry.
+    let r = new_turn(3);
+    let (r, _) = step(
+        &r,
+        Event::Exited {
+            attempt: 1,
+            report: report(ExitClass::OomKilled, 1, at(1)),
+        },
+        at(1),
+    );
+    assert_eq!(r.state, TurnState::Failed);
+}
+
+#[test]
+fn row_death_without_reply_retries_after_flat_delay_then_gives_up() {
+    for n in BUDGETS {
+        for class in DEATHS {
+            let limit = n.max(1);
+            let mut r = new_turn(n);
+            let mut all_effects = Vec::new();
+            for k in 1..=limit {
+                let died = at(100 * u64::from(k));
+                let (next, effects) = run_attempt(&r, k, class, 0, died);
+                r = next;
+                if k < limit {
+                    let due = died.saturating_add(DELAY);
+                    assert_eq!(r.state, TurnState::PendingRetry, "N={n} k={k} {class:?}");
+                    assert_eq!(r.retry_count, k);
+                    assert_eq!(r.attempt, k + 1);
+                    assert_eq!(r.next_attempt_due, Some(due));
+                    assert_eq!(
+                        effects,
+                        vec![Effect::DispatchAttempt {
+                            attempt: k + 1,
+                            not_before: Some(due)
+                        }]
+                    );
+                    let w = r.work_item(k + 1);
+                    assert_eq!(
+                        w.prompt,
+                        format!("{}\nhello", texts::retry_preamble(k + 1, limit))
+                    );
+                    assert_eq!(w.message, r.message, "same message and attachments");
+                    assert_eq!(w.history, r.history, "same history");
+                    assert_eq!(w.max_attempts, limit);
+                }
+                all_effects.extend(effects);
+            }
+            assert_eq!(r.state, TurnState::GaveUp, "N={n} {class:?}");
+            assert_eq!(r.attempts.len() as u32, limit);
+            assert_eq!(r.retry_count, limit - 1);
+            assert_eq!(
+                notices(&all_effects),
+                vec![(NoticeKind::GiveUp, texts::give_up_notice(limit))]
+            );
+            assert!(flagged(&all_effects));
+            assert!(r.chat_flagged);
+            let dispatched: Vec<u32> = all_effects
+                .iter()
+                .filter_map(|e| match e {
+                    Effect::DispatchAttempt { attempt, .. } => Some(*attempt),
+                    _ => None,
+                })
+                .collect();
+            assert_eq!(dispatched, (2..=limit).collect::<Vec<_>>());
+        }
+    }
+}
+
+#[test]
+fn give_up_notice_says_the_real_count() {
+    let (r, effects) = run_attempt(&new_turn(0), 1, ExitClass::OomKilled, 0, at(1));
+    assert_eq!(r.state, TurnState::GaveUp);
+    assert_eq!(
+        notices(&effects),
+        vec![(
+            NoticeKind::GiveUp,
+            "⚠ Agent couldn't complete this request after 1 attempt.".to_owned()
+        )]
+    );
+}
+
+#[test]
+fn retry_delay_runs_from_the_recorded_death_and_is_clamped_to_now() {
+    let r = new_turn(3);
+    // Death reported 60 s in the future (another host's clock): the delay runs from `now`.
+    let (r2, effects) = step(
+        &r,
+        Event::Exited {
+            attempt: 1,
+            report: report(ExitClass::Crashed, 0, at(70)),
+        },
+        at(10),
+    );
+    assert_eq!(r2.next_attempt_due, Some(at(20)));
+    assert_eq!(
+        effects,
+        vec![Effect::DispatchAttempt {
+            attempt: 2,
+            not_before: Some(at(20))
+        }]
+    );
+    // A death reported in the past (the coordinator was down): due stays death + delay.
+    let (r3, _) = step(
+        &r,
+        Event::Exited {
+            attempt: 1,
+            report: report(ExitClass::Crashed, 0, at(5)),
+        },
+        at(100),
+    );
+    assert_eq!(r3.next_attempt_due, Some(at(15)));
+}
+
+#[test]
+fn row_operator_kill_is_killed_never_retried_no_notice() {
+    for n in BUDGETS {
+        for landed in [0, 1] {
+            // Kill while running: forwarded, and whatever death follows is recorded as killed.
+            let r = new_turn(n);
+            let (r, _) = step(
+                &r,
+                Event::Started {
+                    attempt: 1,
+                    runner: runner(1),
+                    published_at: at(0),
+                },
+                at(0),
+            );
+            let (r, effects) = step(
+                &r,
+                Event::KillRequested {
+                    action: OperatorAction {
+                        by: "op".into(),
+                        at: at(1),
+                    },
+                },
+                at(1),
+            );
+            assert_eq!(effects, vec![Effect::ForwardKill { attempt: 1 }]);
+            let r = if landed > 0 {
+                step(&r, Event::MessageLanded { attempt: 1, seq: 1 }, at(1)).0
+            } else {
+                r
+            };
+            for class in [
+                ExitClass::OperatorKilled,
+                ExitClass::Signaled,
+                ExitClass::OomKilled,
+            ] {
+                let (done, effects) = step(
+                    &r,
+                    Event::Exited {
+                        attempt: 1,
+                        report: report(class, landed, at(2)),
+                    },
+                    at(2),
+                );
+                assert_eq!(done.state, TurnState::Killed, "N={n} {class:?}");
+                assert!(notices(&effects).is_empty());
+                assert!(!flagged(&effects));
+                assert_eq!(
+                    effects,
+                    vec![Effect::Ended {
+                        state: TurnState::Killed
+                    }]
+                );
+            }
+        }
+        // An OperatorKilled exit counts as killed even if the request went straight to the runner.
+        let (r, effects) = run_attempt(&new_turn(n), 1, ExitClass::OperatorKilled, 0, at(1));
+        assert_eq!(r.state, TurnState::Killed);
+        assert_eq!(
+            effects,
+            vec![Effect::Ended {
+                state: TurnState::Killed
+            }]
+        );
+    }
+}
+
+#[test]
+fn kill_during_pending_retry_cancels_the_scheduled_attempt() {
+    let (r, _) = run_attempt(&new_turn(3), 1, ExitClass::OomKilled, 0, at(1));
+    assert_eq!(r.state, TurnState::PendingRetry);
+    let (r, effects) = step(
+        &r,
+        Event::KillRequested {
+            action: OperatorAction {
+                by: "op".into(),
+                at: at(2),
+            },
+        },
+        at(2),
+    );
+    assert_eq!(r.state, TurnState::Killed);
+    assert_eq!(
+        effects,
+        vec![
+            Effect::CancelAttempt { attempt: 2 },
+            Effect::Ended {
+                state: TurnState::Killed
+            }
+        ]
+    );
+    // The scheduled attempt firing anyway changes nothing.
+    assert_eq!(
+        apply(
+            &r,
+            &Event::Started {
+                attempt: 2,
+                runner: runner(9),
+                published_at: at(11)
+            },
+            at(11)
+        ),
+        Ok(Step::Unchanged(Unchanged::AlreadyEnded {
+            state: TurnState::Killed
+        }))
+    );
+}
+
+#[test]
+fn kill_after_end_answers_already_ended() {
+    let (r, _) = run_attempt(&new_turn(3), 1, ExitClass::Clean, 1, at(1));
+    assert_eq!(
+        apply(
+            &r,
+            &Event::KillRequested {
+                action: OperatorAction {
+                    by: "op".into(),
+                    at: at(2)
+                }
+            },
+            at(2)
+        ),
+        Ok(Step::Unchanged(Unchanged::AlreadyEnded {
+            state: TurnState::Done
+        }))
+    );
+}
+
+#[test]
+fn waiting_turn_starts_on_admission() {
+    let chat = ChatId::new("c").expect("valid");
+    let (r, effects) = create(
+        NewTurn {
+            turn: TurnId::for_message(&chat, "2"),
+            message: InboundMessage {
+                v: 1,
+                id: "2".into(),
+                chat,
+                text: "x".into(),
+                sender: None,
+                attachments: vec![],
+            },
+            history: vec![],
+            max_turn_retry: 3,
+            retry_delay: DELAY,
+            rerun_of: None,
+            admit_now: false,
+        },
+        T0,
+    );
+    assert_eq!(r.state, TurnState::Waiting);
+    assert!(effects.is_empty());
+    assert_eq!(
+        apply(
+            &r,
+            &Event::Started {
+                attempt: 1,
+                runner: runner(1),
+                published_at: T0
+            },
+            T0
+        ),
+        Err(TransitionError::NotAdmitted { attempt: 1 })
+    );
+    let (r, effects) = step(&r, Event::Admitted, at(1));
+    assert_eq!(r.state, TurnState::Queued);
+    assert_eq!(
+        effects,
+        vec![Effect::DispatchAttempt {
+            attempt: 1,
+            not_before: None
+        }]
+    );
+    assert_eq!(
+        apply(&r, &Event::Admitted, at(2)),
+        Ok(Step::Unchanged(Unchanged::Duplicate))
+    );
+}
+
+#[test]
+fn duplicate_late_superseded_and_future_events() {
+    let r = new_turn(3);
+    let started = Event::Started {
+        attempt: 1,
+        runner: runner(1),
+        published_at: T0,
+    };
+    let (r, _) = step(&r, started.clone(), at(1));
+    assert_eq!(
+        apply(&r, &started, at(1)),
+        Ok(Step::Unchanged(Unchanged::Duplicate))
+    );
+    assert_eq!(
+        apply(
+            &r,
+            &Event::Started {
+                attempt: 1,
+                runner: runner(2),
+                published_at: T0
+            },
+            at(1)
+        ),
+        Err(TransitionError::ConflictingRunner {
+            attempt: 1,
+            recorded: runner(1),
+            claimed: runner(2)
+        })
+    );
+    let exit = Event::Exited {
+        attempt: 1,
+        report: report(ExitClass::Crashed, 0, at(2)),
+    };
+    let (r, _) = step(&r, exit.clone(), at(2));
+    assert_eq!(
+        apply(&r, &exit, at(3)),
+        Ok(Step::Unchanged(Unchanged::Superseded {
+            attempt: 1,
+            current: 2
+        }))
+    );
+    assert_eq!(
+        apply(&r, &Event::MessageLanded { attempt: 1, seq: 1 }, at(3)),
+        Ok(Step::Unchanged(Unchanged::Superseded {
+            attempt: 1,
+            current: 2
+        }))
+    );
+    assert_eq!(
+        apply(
+            &r,
+            &Event::Exited {
+                attempt: 3,
+                report: report(ExitClass::Clean, 1, at(3))
+            },
+            at(3)
+        ),
+        Err(TransitionError::FutureAttempt {
+            attempt: 3,
+            current: 2
+        })
+    );
+    assert_eq!(
+        apply(&r, &Event::MessageLanded { attempt: 0, seq: 1 }, at(3)),
+        Err(TransitionError::AttemptZero)
+    );
+    assert_eq!(
+        apply(&r, &Event::MessageLanded { attempt: 2, seq: 0 }, at(3)),
+        Err(TransitionError::SeqZero)
+    );
+}
+
+#[test]
+fn record_round_trips_in_both_codecs() {
+    use crate::codec::Codec;
+    let (r, effects) = run_attempt(&new_turn(3), 1, ExitClass::OomKilled, 0, at(1));
+    let mut r = r;
+    r.outbox = effects;
+    for codec in [Codec::Json, Codec::Msgpack] {
+        let bytes = codec.encode(&r).expect("encodes");
+        let back: TurnRecord = codec.decode(&bytes).expect("decodes");
+        assert_eq!(back, r, "{codec:?}");
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Property tests.
+
+fn arb_class() -> impl Strategy<Value = ExitClass> {
+    prop::sample::select(ExitClass::ALL.to_vec())
+}
+
+fn arb_event() -> impl Strategy<Value = Event> {
+    let attempt = 0u32..7;
+    prop_oneof![
+        1 => Just(Event::Admitted),
+        3 => (attempt.clone(), 0u32..3, 0u64..100).prop_map(|(a, r, t)| Event::Started {
+            attempt: a,
+            runner: runner(r),
+            published_at: at(t),
+        }),
+        3 => (attempt.clone(), 0u32..3).prop_map(|(a, s)| Event::MessageLanded { attempt: a, seq: s }),
+        5 => (attempt, arb_class(), 0u32..2, 0u64..1000).prop_map(|(a, c, l, t)| Event::Exited {
+            attempt: a,
+            report: report(c, l, at(t)),
+        }),
+        1 => (0u64..1000).prop_map(|t| Event::KillRequested {
+            action: OperatorAction { by: "op".into(), at: at(t) },
+        }),
+    ]
+}
+
+/// Invariants over one trajectory; returns the final record.
+fn check_trajectory(n: u32, events: &[Event]) -> Result<TurnRecord, TestCaseError> {
+    let limit = n.max(1);
+    let mut r = new_turn(n);
+    let mut notices_sent = 0;
+    let mut ended_count = 0;
+    let mut terminal: Option<TurnState> = None;
+    let mut dispatched = vec![1u32];
+    let mut no_more_dispatch = false;
+    for (i, ev) in events.iter().enumerate() {
+        let now = at(1000 + i as u64);
+        let before = r.clone();
+        match apply(&r, ev, now) {
+            Err(_) | Ok(Step::Unchanged(_)) => continue,
+            Ok(Step::Changed { record, effects }) => {
+                r = *record;
+                if let Some(t) = terminal {
+                    prop_assert!(false, "terminal {t:?} changed by {ev:?}");
+                }
+                for e in &effects {
+                    match e {
+                        Effect::Notify { .. } => notices_sent += 1,
+                        Effect::Ended { state } => {
+                            ended_count += 1;
+                            prop_assert_eq!(*state, r.state);
+                        }
+                        Effect::DispatchAttempt { attempt, .. } => {
+                            prop_assert!(
+                                !no_more_dispatch,
+                                "dispatch after a landed message, kill or clean exit: {ev:?}"
+                            );
+                            prop_assert!(!before.any_landed(), "retry after a bot message landed");
+                            prop_assert_eq!(*attempt, dispatched.last().copied().unwrap_or(0) + 1);
+                            dispatched.push(*attempt);
+                        }
+                        _ => {}
+                    }
+                }
+                match ev {
+                    Event::MessageLanded { .. } | Event::KillRequested { .. } => {
+                        no_more_dispatch = true
+                    }
+                    Event::Exited { report, .. }
+                        if matches!(
+                            report.class,
+                            ExitClass::Clean
+                                | ExitClass::AgentFailed
+                                | ExitClass::CouldNotStart
+                                | ExitClass::OperatorKilled
+                        ) || report.messages_landed > 0 =>
+                    {
+                        no_more_dispatch = true
+                    }
+                    _ => {}
+                }
+                if r.state.is_terminal() {
+                    terminal = Some(r.state);
+                }
+            }
+        }
+        prop_assert!(r.attempt <= limit, "attempt {} > limit {limit}", r.attempt);
+        prop_assert!(r.attempts.len() as u32 <= limit);
+        prop_assert!(notices_sent <= 1, "more than one notice");
+    }
+    prop_assert_eq!(ended_count, u32::from(r.state.is_terminal()));
+    prop_assert_eq!(r.notice.is_some(), notices_sent == 1);
+    Ok(r)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 2000, ..ProptestConfig::default() })]
+
+    /// Arbitrary events, including illegal, duplicated and out-of-order ones.
+    #[test]
+    fn random_events_keep_the_invariants(
+        n in prop::sample::select(BUDGETS.to_vec()),
+        events in prop::collection::vec(arb_event(), 0..60),
+    ) {
+        check_trajectory(n, &events)?;
+    }
+
+    /// A well-behaved world (each dispatched attempt starts, may land messages, and exits), with
+    /// its events duplicated and stale ones replayed at random points. The turn always ends, in
+    /// the state the table gives for the attempts' classes.
+    #[test]
+    fn faithful_runs_with_replays_end_as_the_table_says(
+        n in prop::sample::select(BUDGETS.to_vec()),
+        plan in prop::collection::vec((arb_class(), 0u32..2), 1..6),
+        replays in prop::collection::vec((any::<prop::sample::Index>(), any::<prop::sample::Index>()), 0..20),
+    ) {
+        let limit = n.max(1);
+        let mut r = new_turn(n);
+        let mut log: Vec<Event> = Vec::new();
+        let mut replays = replays.into_iter();
+        let mut k = 1;
+        let mut expected = None;
+        while !r.state.is_terminal() {
+            let (class, landed) = plan[(k as usize - 1) % plan.len()];
+            let attempt_events = vec![
+                Event::Started { attempt: k, runner: runner(k), published_at: at(0) },
+            ].into_iter()
+                .chain((1..=landed).map(|seq| Event::MessageLanded { attempt: k, seq }))
+                .chain(std::iter::once(Event::Exited { attempt: k, report: report(class, landed, at(u64::from(k))) }));
+            for ev in attempt_events {
+                log.push(ev.clone());
+                if let Ok(Step::Changed { record, .. }) = apply(&r, &ev, at(u64::from(k))) {
+                    r = *record;
+                }
+                // Replay an older event (or this one) now and then: it must change nothing but
+                // duplicates of not-yet-seen facts, which are idempotent anyway.
+                if let Some((a, b)) = replays.next() {
+                    if a.index(3) == 0 {
+                        let old = b.get(&log).clone();
+                        let snapshot = r.clone();
+                        if let Ok(Step::Changed { record, .. }) = apply(&r, &old, at(u64::from(k))) {
+                            prop_assert!(false, "replay of {old:?} changed {snapshot:?} into {record:?}");
+                        }
+                    }
+                }
+            }
+            expected = Some(match class {
+                ExitClass::OperatorKilled => TurnState::Killed,
+                ExitClass::Clean => TurnState::Done,
+                ExitClass::AgentFailed | ExitClass::CouldNotStart => TurnState::Failed,
+                _ if landed > 0 => TurnState::Failed,
+                _ if k < limit => TurnState::PendingRetry,
+                _ => TurnState::GaveUp,
+            });
+            prop_assert_eq!(Some(r.state), expected);
+            k += 1;
+            prop_assert!(k <= limit + 1, "more than {limit} attempts");
+        }
+        prop_assert!(expected.is_some_and(|s| s.is_terminal()));
+        // And the whole log replayed on the terminal record changes nothing.
+        for ev in &log {
+            let changed = matches!(apply(&r, ev, at(5000)), Ok(Step::Changed { .. }));
+            prop_assert!(!changed, "replay of {:?} changed a terminal turn", ev);
+        }
+        check_trajectory(n, &log)?;
+    }
+}

@@ -1,0 +1,1 @@
+//! End-to-end tests live beside this file; see `[[test]]` in Cargo.toml.

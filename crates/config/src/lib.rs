@@ -1,1 +1,328 @@
-//! placeholder
+//! Turnpike's configuration: one typed struct, read from defaults < `turnpike.toml` < environment.
+//!
+//! Every key can be set in the file by its field name (`runner_slots = 4`) and in the environment
+//! as `TURNPIKE_<FIELD>` in upper case (`TURNPIKE_RUNNER_SLOTS=4`). The retry budget is also read
+//! from `MAX_TURN_RETRY`, by that exact name, which wins over `TURNPIKE_MAX_TURN_RETRY`.
+
+use figment::providers::{Env, Format, Serialized, Toml};
+use figment::Figment;
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+mod units;
+pub use units::{parse_bytes, ByteSize};
+
+/// The file read when no other is named (in the working directory).
+pub const DEFAULT_FILE: &str = "turnpike.toml";
+/// Names a different config file.
+pub const FILE_ENV: &str = "TURNPIKE_CONFIG";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Backend {
+    /// One container per attempt through the local Docker Engine.
+    Docker,
+    /// One child process per attempt (`agent_command`), for machines without Docker and fast tests.
+    Process,
+}
+
+impl fmt::Display for Backend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Backend::Docker => "docker",
+            Backend::Process => "process",
+        })
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PayloadCodec {
+    Json,
+    Msgpack,
+}
+
+/// Every setting, with its default. The README documents each one.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Config {
+    // --- NATS ---------------------------------------------------------------------------------
+    /// One server or a comma-separated list (`nats://a:4222,nats://b:4222`).
+    pub nats_url: String,
+    /// A `.creds` file (JWT + nkey seed).
+    pub nats_creds: Option<PathBuf>,
+    pub nats_user: Option<String>,
+    pub nats_password: Option<String>,
+    pub nats_token: Option<String>,
+    /// Require TLS; with `nats_tls_ca` to trust a private CA, and cert + key for mutual TLS.
+    pub nats_tls: bool,
+    pub nats_tls_ca: Option<PathBuf>,
+    pub nats_tls_cert: Option<PathBuf>,
+    pub nats_tls_key: Option<PathBuf>,
+    /// Replicas of every stream and bucket: 1 on one server, 3 in a cluster.
+    pub replicas: usize,
+    /// Codec for payloads Turnpike writes (readers accept both).
+    pub codec: PayloadCodec,
+
+    // --- Retries ------------------------------------------------------------------------------
+    /// Attempts a turn may get, the first included; 0 and 1 both mean one attempt, no retries.
+    pub max_turn_retry: u32,
+    /// Flat delay between a death and the next attempt.
+    #[serde(with = "units::duration")]
+    pub retry_delay: Duration,
+
+    // --- Runs ---------------------------------------------------------------------------------
+    /// Run time limit of one attempt.
+    #[serde(with = "units::duration")]
+    pub run_timeout: Duration,
+    /// Memory limit of one attempt (swap disabled).
+    pub memory_limit: ByteSize,
+    /// Process limit of one attempt's container.
+    pub pids_limit: i64,
+    /// CPUs of one attempt's container (fractions allowed).
+    pub cpus: f64,
+    /// Docker network mode of agent containers (`none`, `bridge`, or a network name).
+    pub network_mode: String,
+    /// User agent containers run as (numeric: scratch images have no /etc/passwd).
+    pub agent_user: String,
+    /// Time between the polite stop and the kill, for time limits, drains and operator kills.
+    #[serde(with = "units::duration")]
+    pub stop_grace: Duration,
+    /// Largest attachment accepted.
+    pub attachment_max_bytes: ByteSize,
+    /// Inbound and bot messages kept as history for a new turn.
+    pub history_limit: usize,
+
+    // --- Runner -------------------------------------------------------------------------------
+    /// Stable id of this runner (default: the host name).
+    pub runner_id: Option<String>,
+    /// Attempts this runner runs at once.
+    pub runner_slots: u32,
+    pub runner_backend: Backend,
+    /// Image of agent containers (docker backend).
+    pub agent_image: String,
+    /// Agent command line (process backend), split on whitespace.
+    pub agent_command: Option<String>,
+    /// A claim not renewed for this long is dead (runner lost).
+    #[serde(with = "units::duration")]
+    pub lease: Duration,
+    /// How often a runner renews its claims and presence.
+    #[serde(with = "units::duration")]
+    pub heartbeat: Duration,
+
+    // --- Retention (storage stays bounded) ----------------------------------------------------
+    /// Turn records (live and finished) are kept this long after their last update.
+    #[serde(with = "units::duration")]
+    pub retention_turns: Duration,
+    /// Runner events.
+    #[serde(with = "units::duration")]
+    pub retention_events: Duration,
+    /// Inbound and outbound chat streams.
+    #[serde(with = "units::duration")]
+    pub retention_chat: Duration,
+    /// Attachments in the object store.
+    #[serde(with = "units::duration")]
+    pub retention_attachments: Duration,
+    /// Dead letters.
+    #[serde(with = "units::duration")]
+    pub retention_dead_letters: Duration,
+    /// JetStream duplicate window (dedup by `Nats-Msg-Id`).
+    #[serde(with = "units::duration")]
+    pub dedup_window: Duration,
+
+    // --- Local pipeline (`turnpike up`) -------------------------------------------------------
+    /// Where `turnpike up` keeps nats-server's store (default: the user's state dir).
+    pub state_dir: Option<PathBuf>,
+    /// Log filter (`info`, `turnpike=debug`, … as for `RUST_LOG`).
+    pub log: String,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            nats_url: "nats://127.0.0.1:4222".into(),
+            nats_creds: None,
+            nats_user: None,
+            nats_password: None,
+            nats_token: None,
+            nats_tls: false,
+            nats_tls_ca: None,
+            nats_tls_cert: None,
+            nats_tls_key: None,
+            replicas: 1,
+            codec: PayloadCodec::Json,
+            max_turn_retry: 3,
+            retry_delay: Duration::from_secs(10),
+            run_timeout: Duration::from_secs(30 * 60),
+            memory_limit: ByteSize(512 * 1024 * 1024),
+            pids_limit: 256,
+            cpus: 1.0,
+            network_mode: "none".into(),
+            agent_user: "65534:65534".into(),
+            stop_grace: Duration::from_secs(10),
+            attachment_max_bytes: ByteSize(10 * 1024 * 1024),
+            history_limit: 50,
+            runner_id: None,
+            runner_slots: 2,
+            runner_backend: Backend::Docker,
+            agent_image: "turnpike-test-agent:latest".into(),
+            agent_command: None,
+            lease: Duration::from_secs(15),
+            heartbeat: Duration::from_secs(5),
+            retention_turns: Duration::from_secs(7 * 24 * 3600),
+            retention_events: Duration::from_secs(7 * 24 * 3600),
+            retention_chat: Duration::from_secs(30 * 24 * 3600),
+            retention_attachments: Duration::from_secs(7 * 24 * 3600),
+            retention_dead_letters: Duration::from_secs(30 * 24 * 3600),
+            dedup_window: Duration::from_secs(120),
+            state_dir: None,
+            log: "info".into(),
+        }
+    }
+}
+
+/// A configuration that could not be read or makes no sense. The message names the key and value.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("invalid configuration: {0}")]
+    Extract(#[from] Box<figment::Error>),
+    #[error("invalid configuration: {key} = {value:?}: {why}")]
+    Invalid {
+        key: &'static str,
+        value: String,
+        why: String,
+    },
+    #[error("config file {0} does not exist")]
+    MissingFile(PathBuf),
+}
+
+impl Config {
+    /// Defaults < `file` (or `$TURNPIKE_CONFIG`, or `./turnpike.toml` if present) < environment.
+    pub fn load(file: Option<&Path>) -> Result<Config, ConfigError> {
+        let file = match file {
+            Some(f) => Some(f.to_path_buf()),
+            None => std::env::var_os(FILE_ENV).map(PathBuf::from),
+        };
+        if let Some(f) = &file {
+            if !f.exists() {
+                return Err(ConfigError::MissingFile(f.clone()));
+            }
+        }
+        let file = file.unwrap_or_else(|| PathBuf::from(DEFAULT_FILE));
+        Self::figment(&file).extract_config()
+    }
+
+    /// The layered sources, for callers (and tests) that add their own on top.
+    pub fn figment(file: &Path) -> Figment {
+        Figment::from(Serialized::defaults(Config::default()))
+            .merge(Toml::file(file))
+            .merge(Env::prefixed("TURNPIKE_").ignore(&["config"]))
+            .merge(Env::raw().only(&["MAX_TURN_RETRY"]))
+    }
+
+    /// Check relations between values that types alone cannot.
+    pub fn validate(self) -> Result<Config, ConfigError> {
+        let invalid = |key, value: String, why: &str| ConfigError::Invalid {
+            key,
+            value,
+            why: why.to_owned(),
+        };
+        if self.nats_url.split(',').all(|s| s.trim().is_empty()) {
+            return Err(invalid("nats_url", self.nats_url, "name at least one server"));
+        }
+        if self.runner_slots == 0 {
+            return Err(invalid("runner_slots", "0".into(), "a runner needs at least one slot"));
+        }
+        if !(1..=5).contains(&self.replicas) {
+            return Err(invalid(
+                "replicas",
+                self.replicas.to_string(),
+                "JetStream allows 1 to 5 replicas",
+            ));
+        }
+        if self.heartbeat.is_zero() || self.heartbeat * 2 > self.lease {
+            return Err(invalid(
+                "heartbeat",
+                humantime::format_duration(self.heartbeat).to_string(),
+                &format!(
+                    "must be non-zero and at most half of lease ({}), so one missed renewal does not lose a claim",
+                    humantime::format_duration(self.lease)
+                ),
+            ));
+        }
+        if self.run_timeout.is_zero() {
+            return Err(invalid("run_timeout", "0s".into(), "must be longer than zero"));
+        }
+        if self.memory_limit.0 < 6 * 1024 * 1024 {
+            return Err(invalid(
+                "memory_limit",
+                self.memory_limit.to_string(),
+                "Docker refuses limits under 6MiB",
+            ));
+        }
+        if !(self.cpus > 0.0 && self.cpus.is_finite()) {
+            return Err(invalid("cpus", self.cpus.to_string(), "must be a positive number"));
+        }
+        if self.dedup_window.is_zero() {
+            return Err(invalid("dedup_window", "0s".into(), "must be longer than zero"));
+        }
+        if let Some(id) = &self.runner_id {
+            if id.is_empty()
+                || !id
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+            {
+                return Err(invalid(
+                    "runner_id",
+                    id.clone(),
+                    "only A-Z, a-z, 0-9, '_' and '-' are allowed",
+                ));
+            }
+        }
+        Ok(self)
+    }
+
+    /// The server list of `nats_url`.
+    pub fn nats_servers(&self) -> Vec<String> {
+        self.nats_url
+            .split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .map(str::to_owned)
+            .collect()
+    }
+
+    /// `max(max_turn_retry, 1)`.
+    pub fn attempt_limit(&self) -> u32 {
+        self.max_turn_retry.max(1)
+    }
+}
+
+/// Extraction plus validation, shared by `load` and tests that build their own figment.
+pub trait ExtractConfig {
+    fn extract_config(&self) -> Result<Config, ConfigError>;
+}
+
+impl ExtractConfig for Figment {
+    fn extract_config(&self) -> Result<Config, ConfigError> {
+        let config: Config = self.extract().map_err(Box::new)?;
+        config.validate()
+    }
+}
+
+impl Serialize for ByteSize {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.to_string())
+    }
+}
+
+impl<'de> Deserialize<'de> for ByteSize {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        units::deserialize_bytes(d)
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,121 @@
+use super::*;
+use figment::Jail;
+
+#[test]
+fn defaults_are_the_documented_ones() {
+    let c = Config::default().validate().expect("defaults are valid");
+    assert_eq!(c.max_turn_retry, 3);
+    assert_eq!(c.retry_delay, Duration::from_secs(10));
+    assert_eq!(c.run_timeout, Duration::from_secs(1800));
+    assert_eq!(c.history_limit, 50);
+    assert_eq!(c.runner_backend, Backend::Docker);
+    assert_eq!(c.replicas, 1);
+}
+
+#[test]
+fn file_then_env_then_max_turn_retry() {
+    Jail::expect_with(|jail| {
+        jail.create_file(
+            "turnpike.toml",
+            r#"
+                max_turn_retry = 5
+                retry_delay = "2s"
+                runner_slots = 4
+                memory_limit = "64MiB"
+                nats_url = "nats://a:4222, nats://b:4222"
+            "#,
+        )?;
+        let c = Config::load(None).expect("loads");
+        assert_eq!(c.max_turn_retry, 5);
+        assert_eq!(c.retry_delay, Duration::from_secs(2));
+        assert_eq!(c.runner_slots, 4);
+        assert_eq!(c.memory_limit, ByteSize(64 << 20));
+        assert_eq!(c.nats_servers(), vec!["nats://a:4222", "nats://b:4222"]);
+
+        jail.set_env("TURNPIKE_RUNNER_SLOTS", "8");
+        jail.set_env("TURNPIKE_RETRY_DELAY", "250ms");
+        jail.set_env("TURNPIKE_RUN_TIMEOUT", "90s");
+        jail.set_env("TURNPIKE_MEMORY_LIMIT", "512m");
+        jail.set_env("TURNPIKE_RUNNER_BACKEND", "process");
+        jail.set_env("TURNPIKE_AGENT_IMAGE", "agent:1");
+        jail.set_env("TURNPIKE_AGENT_COMMAND", "/bin/agent --flag");
+        jail.set_env("TURNPIKE_NATS_URL", "nats://c:4222");
+        jail.set_env("TURNPIKE_MAX_TURN_RETRY", "2");
+        let c = Config::load(None).expect("loads");
+        assert_eq!(c.runner_slots, 8);
+        assert_eq!(c.retry_delay, Duration::from_millis(250));
+        assert_eq!(c.run_timeout, Duration::from_secs(90));
+        assert_eq!(c.memory_limit, ByteSize(512 << 20));
+        assert_eq!(c.runner_backend, Backend::Process);
+        assert_eq!(c.agent_image, "agent:1");
+        assert_eq!(c.agent_command.as_deref(), Some("/bin/agent --flag"));
+        assert_eq!(c.nats_url, "nats://c:4222");
+        assert_eq!(c.max_turn_retry, 2);
+
+        // The exact name from the concept text wins.
+        jail.set_env("MAX_TURN_RETRY", "0");
+        let c = Config::load(None).expect("loads");
+        assert_eq!(c.max_turn_retry, 0);
+        assert_eq!(c.attempt_limit(), 1);
+        Ok(())
+    });
+}
+
+#[test]
+fn bad_values_name_the_key_and_the_value() {
+    Jail::expect_with(|jail| {
+        jail.set_env("MAX_TURN_RETRY", "lots");
+        let err = Config::load(None).expect_err("refused").to_string();
+        assert!(err.contains("MAX_TURN_RETRY") && err.contains("lots"), "{err}");
+        Ok(())
+    });
+    Jail::expect_with(|jail| {
+        jail.set_env("TURNPIKE_RETRY_DELAY", "soon");
+        let err = Config::load(None).expect_err("refused").to_string();
+        assert!(err.contains("RETRY_DELAY") && err.contains("soon"), "{err}");
+        Ok(())
+    });
+    Jail::expect_with(|jail| {
+        jail.set_env("TURNPIKE_MEMORY_LIMIT", "12 parsecs");
+        let err = Config::load(None).expect_err("refused").to_string();
+        assert!(err.contains("MEMORY_LIMIT") && err.contains("parsecs"), "{err}");
+        Ok(())
+    });
+    Jail::expect_with(|jail| {
+        jail.set_env("TURNPIKE_RUNNER_BACKEND", "kubernetes");
+        let err = Config::load(None).expect_err("refused").to_string();
+        assert!(err.contains("RUNNER_BACKEND") && err.contains("kubernetes"), "{err}");
+        Ok(())
+    });
+    Jail::expect_with(|jail| {
+        jail.set_env("TURNPIKE_RUNNER_SLOTS", "0");
+        let err = Config::load(None).expect_err("refused").to_string();
+        assert!(err.contains("runner_slots") && err.contains("\"0\""), "{err}");
+        Ok(())
+    });
+    Jail::expect_with(|jail| {
+        jail.set_env("TURNPIKE_HEARTBEAT", "20s");
+        let err = Config::load(None).expect_err("refused").to_string();
+        assert!(err.contains("heartbeat") && err.contains("20s"), "{err}");
+        Ok(())
+    });
+}
+
+#[test]
+fn a_named_file_must_exist() {
+    let err = Config::load(Some(Path::new("/nonexistent/turnpike.toml"))).expect_err("missing");
+    assert!(err.to_string().contains("/nonexistent/turnpike.toml"));
+}
+
+#[test]
+fn sizes_parse() {
+    assert_eq!(parse_bytes("512MiB"), Ok(ByteSize(512 << 20)));
+    assert_eq!(parse_bytes("64m"), Ok(ByteSize(64 << 20)));
+    assert_eq!(parse_bytes("1GB"), Ok(ByteSize(1_000_000_000)));
+    assert_eq!(parse_bytes("1.5k"), Ok(ByteSize(1536)));
+    assert_eq!(parse_bytes("1048576"), Ok(ByteSize(1 << 20)));
+    assert!(parse_bytes("-1m").is_err());
+    assert!(parse_bytes("m").is_err());
+    assert_eq!(ByteSize(512 << 20).to_string(), "512MiB");
+    assert_eq!(ByteSize(1000).to_string(), "1000B");
+}

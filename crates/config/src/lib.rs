@@ -230,10 +230,18 @@ impl Config {
             why: why.to_owned(),
         };
         if self.nats_url.split(',').all(|s| s.trim().is_empty()) {
-            return Err(invalid("nats_url", self.nats_url, "name at least one server"));
+            return Err(invalid(
+                "nats_url",
+                self.nats_url,
+                "name at least one server",
+            ));
         }
         if self.runner_slots == 0 {
-            return Err(invalid("runner_slots", "0".into(), "a runner needs at least one slot"));
+            return Err(invalid(
+                "runner_slots",
+                "0".into(),
+                "a runner needs at least one slot",
+            ));
         }
         if !(1..=5).contains(&self.replicas) {
             return Err(invalid(
@@ -253,7 +261,11 @@ impl Config {
             ));
         }
         if self.run_timeout.is_zero() {
-            return Err(invalid("run_timeout", "0s".into(), "must be longer than zero"));
+            return Err(invalid(
+                "run_timeout",
+                "0s".into(),
+                "must be longer than zero",
+            ));
         }
         if self.memory_limit.0 < 6 * 1024 * 1024 {
             return Err(invalid(
@@ -263,10 +275,18 @@ impl Config {
             ));
         }
         if !(self.cpus > 0.0 && self.cpus.is_finite()) {
-            return Err(invalid("cpus", self.cpus.to_string(), "must be a positive number"));
+            return Err(invalid(
+                "cpus",
+                self.cpus.to_string(),
+                "must be a positive number",
+            ));
         }
         if self.dedup_window.is_zero() {
-            return Err(invalid("dedup_window", "0s".into(), "must be longer than zero"));
+            return Err(invalid(
+                "dedup_window",
+                "0s".into(),
+                "must be longer than zero",
+            ));
         }
         if let Some(id) = &self.runner_id {
             if id.is_empty()

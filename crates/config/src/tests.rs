@@ -66,7 +66,10 @@ fn bad_values_name_the_key_and_the_value() {
     Jail::expect_with(|jail| {
         jail.set_env("MAX_TURN_RETRY", "lots");
         let err = Config::load(None).expect_err("refused").to_string();
-        assert!(err.contains("MAX_TURN_RETRY") && err.contains("lots"), "{err}");
+        assert!(
+            err.contains("MAX_TURN_RETRY") && err.contains("lots"),
+            "{err}"
+        );
         Ok(())
     });
     Jail::expect_with(|jail| {
@@ -78,19 +81,28 @@ fn bad_values_name_the_key_and_the_value() {
     Jail::expect_with(|jail| {
         jail.set_env("TURNPIKE_MEMORY_LIMIT", "12 parsecs");
         let err = Config::load(None).expect_err("refused").to_string();
-        assert!(err.contains("MEMORY_LIMIT") && err.contains("parsecs"), "{err}");
+        assert!(
+            err.contains("MEMORY_LIMIT") && err.contains("parsecs"),
+            "{err}"
+        );
         Ok(())
     });
     Jail::expect_with(|jail| {
         jail.set_env("TURNPIKE_RUNNER_BACKEND", "kubernetes");
         let err = Config::load(None).expect_err("refused").to_string();
-        assert!(err.contains("RUNNER_BACKEND") && err.contains("kubernetes"), "{err}");
+        assert!(
+            err.contains("RUNNER_BACKEND") && err.contains("kubernetes"),
+            "{err}"
+        );
         Ok(())
     });
     Jail::expect_with(|jail| {
         jail.set_env("TURNPIKE_RUNNER_SLOTS", "0");
         let err = Config::load(None).expect_err("refused").to_string();
-        assert!(err.contains("runner_slots") && err.contains("\"0\""), "{err}");
+        assert!(
+            err.contains("runner_slots") && err.contains("\"0\""),
+            "{err}"
+        );
         Ok(())
     });
     Jail::expect_with(|jail| {

@@ -38,7 +38,11 @@ pub fn parse_bytes(s: &str) -> Result<ByteSize, String> {
         "kb" => 1_000,
         "mb" => 1_000_000,
         "gb" => 1_000_000_000,
-        other => return Err(format!("{s:?} has unknown size unit {other:?}; use B, KiB, MiB, GiB, KB, MB, GB")),
+        other => {
+            return Err(format!(
+                "{s:?} has unknown size unit {other:?}; use B, KiB, MiB, GiB, KB, MB, GB"
+            ))
+        }
     };
     let bytes = num * mult as f64;
     if !bytes.is_finite() || bytes < 0.0 || bytes > u64::MAX as f64 {
@@ -99,7 +103,9 @@ pub mod duration {
             }
             fn visit_str<E: de::Error>(self, v: &str) -> Result<Duration, E> {
                 humantime::parse_duration(v.trim()).map_err(|e| {
-                    E::custom(format!("{v:?} is not a duration ({e}); write e.g. 10s, 250ms or 30m"))
+                    E::custom(format!(
+                        "{v:?} is not a duration ({e}); write e.g. 10s, 250ms or 30m"
+                    ))
                 })
             }
         }

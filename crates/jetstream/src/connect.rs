@@ -1,0 +1,66 @@
+use crate::BusError;
+use async_nats::{ConnectOptions, ServerAddr};
+use std::time::Duration;
+use turnpike_config::Config;
+
+/// The servers of `nats_url`, for messages.
+pub fn describe_servers(config: &Config) -> String {
+    config.nats_servers().join(",")
+}
+
+/// Connect with the configured credentials. Fails fast (with a message that says what to check)
+/// if no server answers now; once connected, the client reconnects forever.
+pub async fn connect(config: &Config, client_name: &str) -> Result<async_nats::Client, BusError> {
+    let servers: Vec<ServerAddr> = config
+        .nats_servers()
+        .iter()
+        .map(|s| {
+            s.parse::<ServerAddr>().map_err(|e| {
+                BusError::Setting(format!("nats_url entry {s:?} is not a server address: {e}"))
+            })
+        })
+        .collect::<Result<_, _>>()?;
+    let mut opts = ConnectOptions::new()
+        .name(client_name)
+        .connection_timeout(Duration::from_secs(5))
+        .request_timeout(Some(Duration::from_secs(10)));
+    if let Some(creds) = &config.nats_creds {
+        opts = opts.credentials_file(creds).await.map_err(|e| {
+            BusError::Setting(format!(
+                "cannot read nats_creds file {}: {e}",
+                creds.display()
+            ))
+        })?;
+    }
+    match (&config.nats_user, &config.nats_password) {
+        (Some(u), Some(p)) => opts = opts.user_and_password(u.clone(), p.clone()),
+        (Some(_), None) | (None, Some(_)) => {
+            return Err(BusError::Setting(
+                "set both nats_user and nats_password, or neither".into(),
+            ))
+        }
+        (None, None) => {}
+    }
+    if let Some(token) = &config.nats_token {
+        opts = opts.token(token.clone());
+    }
+    if config.nats_tls {
+        opts = opts.require_tls(true);
+    }
+    if let Some(ca) = &config.nats_tls_ca {
+        opts = opts.add_root_certificates(ca.clone());
+    }
+    match (&config.nats_tls_cert, &config.nats_tls_key) {
+        (Some(c), Some(k)) => opts = opts.add_client_certificate(c.clone(), k.clone()),
+        (Some(_), None) | (None, Some(_)) => {
+            return Err(BusError::Setting(
+                "set both nats_tls_cert and nats_tls_key for mutual TLS, or neither".into(),
+            ))
+        }
+        (None, None) => {}
+    }
+    opts.connect(servers).await.map_err(|e| BusError::Connect {
+        servers: describe_servers(config),
+        source: Box::new(e),
+    })
+}

@@ -1,0 +1,209 @@
+//! The streams, consumers, KV buckets and object store, defined once as JSON files in the
+//! repository's `nats/` folder (the format `nats stream add --config` and `nats consumer add
+//! --config` accept). Turnpike embeds those files and creates the same topology idempotently at
+//! start-up; only replicas, retention and the duplicate window come from the config.
+
+use crate::BusError;
+use async_nats::jetstream::{consumer, stream, Context};
+use std::time::Duration;
+use turnpike_config::Config;
+
+/// Which config setting bounds a stream's storage.
+#[derive(Debug, Clone, Copy)]
+enum Retention {
+    Chat,
+    Work,
+    Events,
+    DeadLetters,
+    Turns,
+    Attachments,
+}
+
+impl Retention {
+    fn max_age(self, c: &Config) -> Duration {
+        match self {
+            Retention::Chat => c.retention_chat,
+            Retention::Work | Retention::Turns => c.retention_turns,
+            Retention::Events => c.retention_events,
+            Retention::DeadLetters => c.retention_dead_letters,
+            Retention::Attachments => c.retention_attachments,
+        }
+    }
+}
+
+/// One stream definition file.
+pub struct StreamFile {
+    pub file: &'static str,
+    pub json: &'static str,
+    retention: Retention,
+}
+
+macro_rules! stream_file {
+    ($name:literal, $ret:expr) => {
+        StreamFile {
+            file: concat!("nats/streams/", $name, ".json"),
+            json: include_str!(concat!("../../../nats/streams/", $name, ".json")),
+            retention: $ret,
+        }
+    };
+}
+
+/// One consumer definition file (`<stream>.<durable>.json`).
+pub struct ConsumerFile {
+    pub file: &'static str,
+    pub stream: &'static str,
+    pub json: &'static str,
+}
+
+macro_rules! consumer_file {
+    ($stream:literal, $durable:literal) => {
+        ConsumerFile {
+            file: concat!("nats/consumers/", $stream, ".", $durable, ".json"),
+            stream: $stream,
+            json: include_str!(concat!(
+                "../../../nats/consumers/",
+                $stream,
+                ".",
+                $durable,
+                ".json"
+            )),
+        }
+    };
+}
+
+pub const STREAM_FILES: [StreamFile; 12] = [
+    stream_file!("TURNPIKE_CHAT_IN", Retention::Chat),
+    stream_file!("TURNPIKE_CHAT_OUT", Retention::Chat),
+    stream_file!("TURNPIKE_WORK", Retention::Work),
+    stream_file!("TURNPIKE_EVENTS", Retention::Events),
+    stream_file!("TURNPIKE_DEAD", Retention::DeadLetters),
+    stream_file!("KV_turnpike_turns", Retention::Turns),
+    stream_file!("KV_turnpike_chats", Retention::Chat),
+    stream_file!("KV_turnpike_claims", Retention::Turns),
+    stream_file!("KV_turnpike_leases", Retention::Turns),
+    stream_file!("KV_turnpike_live", Retention::Turns),
+    stream_file!("KV_turnpike_runners", Retention::Events),
+    stream_file!("OBJ_turnpike_attachments", Retention::Attachments),
+];
+
+pub const CONSUMER_FILES: [ConsumerFile; 3] = [
+    consumer_file!("TURNPIKE_CHAT_IN", "dispatcher"),
+    consumer_file!("TURNPIKE_WORK", "runners"),
+    consumer_file!("TURNPIKE_EVENTS", "coordinator"),
+];
+
+/// The stream configs as the files define them, with this config's replicas, retention and
+/// duplicate window applied.
+pub fn stream_configs(config: &Config) -> Result<Vec<stream::Config>, BusError> {
+    STREAM_FILES
+        .iter()
+        .map(|f| {
+            let mut s: stream::Config =
+                serde_json::from_str(f.json).map_err(|source| BusError::Definition {
+                    file: f.file,
+                    source,
+                })?;
+            s.num_replicas = config.replicas;
+            s.max_age = f.retention.max_age(config);
+            // The duplicate window may not exceed max_age.
+            s.duplicate_window = if s.max_age.is_zero() {
+                config.dedup_window
+            } else {
+                config.dedup_window.min(s.max_age)
+            };
+            Ok(s)
+        })
+        .collect()
+}
+
+pub fn consumer_configs(
+    config: &Config,
+) -> Result<Vec<(&'static str, consumer::pull::Config)>, BusError> {
+    CONSUMER_FILES
+        .iter()
+        .map(|f| {
+            let mut c: consumer::pull::Config =
+                serde_json::from_str(f.json).map_err(|source| BusError::Definition {
+                    file: f.file,
+                    source,
+                })?;
+            c.num_replicas = config.replicas;
+            Ok((f.stream, c))
+        })
+        .collect()
+}
+
+/// Create or update every stream and consumer. Safe to run from every process at every start.
+pub async fn ensure(js: &Context, config: &Config) -> Result<(), BusError> {
+    for s in stream_configs(config)? {
+        let name = s.name.clone();
+        js.create_or_update_stream(s)
+            .await
+            .map_err(|e| BusError::Topology {
+                what: format!("stream {name}"),
+                message: e.to_string(),
+            })?;
+    }
+    for (stream_name, c) in consumer_configs(config)? {
+        let durable = c.durable_name.clone().unwrap_or_default();
+        let what = || format!("consumer {stream_name}/{durable}");
+        let stream = js
+            .get_stream(stream_name)
+            .await
+            .map_err(|e| BusError::Topology {
+                what: what(),
+                message: e.to_string(),
+            })?;
+        let created = stream.create_consumer(c.clone()).await;
+        if let Err(create_err) = created {
+            // Exists with other settings (an older release): update it in place.
+            stream
+                .update_consumer(c)
+                .await
+                .map_err(|e| BusError::Topology {
+                    what: what(),
+                    message: format!("{create_err}; then update: {e}"),
+                })?;
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_definition_parses_and_picks_up_settings() {
+        let mut config = Config::default();
+        config.replicas = 3;
+        config.retention_events = Duration::from_secs(3600);
+        let streams = stream_configs(&config).expect("definitions parse");
+        assert_eq!(streams.len(), STREAM_FILES.len());
+        for s in &streams {
+            assert_eq!(s.num_replicas, 3, "{}", s.name);
+            assert!(!s.max_age.is_zero(), "{} has bounded storage", s.name);
+        }
+        let events = streams
+            .iter()
+            .find(|s| s.name == "TURNPIKE_EVENTS")
+            .expect("events stream");
+        assert_eq!(events.max_age, Duration::from_secs(3600));
+        let work = streams
+            .iter()
+            .find(|s| s.name == "TURNPIKE_WORK")
+            .expect("work stream");
+        assert!(work.allow_message_schedules);
+        assert_eq!(work.retention, stream::RetentionPolicy::WorkQueue);
+        let consumers = consumer_configs(&config).expect("consumers parse");
+        let runners = consumers
+            .iter()
+            .find(|(s, _)| *s == "TURNPIKE_WORK")
+            .expect("runners consumer");
+        assert_eq!(runners.1.filter_subject, "turnpike.work.run.>");
+        // File names match the names inside them.
+        for (f, s) in STREAM_FILES.iter().zip(&streams) {
+            assert_eq!(f.file, format!("nats/streams/{}.json", s.name));
+        }
+    }
+}

@@ -1,1 +1,194 @@
-//! placeholder
+//! The coordinator: applies runner events to turn records through the core lifecycle, with
+//! compare-and-set on the `turnpike_turns` bucket, and carries out what the lifecycle decides
+//! (retries scheduled by JetStream, notices, errored flags). It keeps nothing that matters in
+//! memory; any number of coordinators may run at once.
+
+use async_nats::jetstream::consumer::PullConsumer;
+use async_nats::jetstream::AckKind;
+use futures::StreamExt;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn, Instrument};
+use turnpike_config::Config;
+use turnpike_core::lifecycle::Event;
+use turnpike_core::subjects;
+use turnpike_core::wire::{RunnerEvent, RunnerEventKind};
+use turnpike_jetstream::turns::{self, Applied, ApplyError};
+use turnpike_jetstream::{dead_letter, decode, Bus, BusError};
+
+/// Events applied at once by one coordinator (events of one turn may race; CAS sorts them out).
+const IN_FLIGHT: usize = 32;
+
+pub struct Coordinator {
+    bus: Bus,
+}
+
+impl Coordinator {
+    pub fn new(bus: Bus, _config: &Config) -> Self {
+        Coordinator { bus }
+    }
+
+    pub async fn run(self, shutdown: CancellationToken) -> Result<(), BusError> {
+        let consumer: PullConsumer = self
+            .bus
+            .js
+            .get_stream(subjects::STREAM_EVENTS)
+            .await
+            .map_err(|e| BusError::kv("open events stream", e))?
+            .get_consumer(subjects::CONSUMER_COORDINATOR)
+            .await
+            .map_err(|e| BusError::kv("open coordinator consumer", e))?;
+        info!("coordinator started");
+        let slots = Arc::new(Semaphore::new(IN_FLIGHT));
+        let mut tasks = tokio::task::JoinSet::new();
+        'outer: while !shutdown.is_cancelled() {
+            let mut messages = match consumer
+                .stream()
+                .max_messages_per_batch(IN_FLIGHT)
+                .heartbeat(Duration::from_secs(5))
+                .messages()
+                .await
+            {
+                Ok(m) => m,
+                Err(e) => {
+                    warn!(error = %e, "cannot pull events; retrying");
+                    tokio::select! {
+                        _ = shutdown.cancelled() => break,
+                        _ = tokio::time::sleep(Duration::from_secs(1)) => continue,
+                    }
+                }
+            };
+            loop {
+                let next = tokio::select! {
+                    _ = shutdown.cancelled() => break 'outer,
+                    m = messages.next() => m,
+                };
+                match next {
+                    None => break,
+                    // A server restart shows up as errors (missed heartbeats) before the
+                    // stream resumes: keep going.
+                    Some(Err(e)) => debug!(error = %e, "event stream hiccup"),
+                    Some(Ok(msg)) => {
+                        let Ok(permit) = slots.clone().acquire_owned().await else {
+                            break 'outer;
+                        };
+                        let bus = self.bus.clone();
+                        tasks.spawn(async move {
+                            handle(&bus, msg).await;
+                            drop(permit);
+                        });
+                        while tasks.try_join_next().is_some() {}
+                    }
+                }
+            }
+        }
+        while tasks.join_next().await.is_some() {}
+        info!("coordinator stopped");
+        Ok(())
+    }
+}
+
+/// Turn a runner event into a lifecycle event (progress is for watchers only).
+fn lifecycle_event(ev: &RunnerEvent) -> Option<Event> {
+    Some(match &ev.kind {
+        RunnerEventKind::Started { published_at } => Event::Started {
+            attempt: ev.attempt,
+            runner: ev.runner.clone(),
+            published_at: *published_at,
+        },
+        RunnerEventKind::MessageLanded { seq } => Event::MessageLanded {
+            attempt: ev.attempt,
+            seq: *seq,
+        },
+        RunnerEventKind::Exited { report } => Event::Exited {
+            attempt: ev.attempt,
+            report: report.clone(),
+        },
+        RunnerEventKind::Progress { .. } => return None,
+    })
+}
+
+async fn handle(bus: &Bus, msg: async_nats::jetstream::Message) {
+    let ev: RunnerEvent = match decode(msg.headers.as_ref(), &msg.payload) {
+        Ok(ev) => ev,
+        Err(e) => {
+            dead_letter(
+                &bus.js,
+                "coordinator",
+                &format!("undecodable runner event: {e}"),
+                msg.subject.as_str(),
+                msg.headers.as_ref(),
+                msg.payload.clone(),
+            )
+            .await;
+            let _ = msg.ack().await;
+            return;
+        }
+    };
+    let span = tracing::info_span!("event", turn_id = %ev.turn, attempt = ev.attempt,
+        chat_id = %ev.chat, runner_id = %ev.runner);
+    async {
+        if msg.subject.as_str() != subjects::events(&ev.turn) {
+            dead_letter(
+                &bus.js,
+                "coordinator",
+                "event names another turn than its subject",
+                msg.subject.as_str(),
+                msg.headers.as_ref(),
+                msg.payload.clone(),
+            )
+            .await;
+            let _ = msg.ack().await;
+            return;
+        }
+        let Some(event) = lifecycle_event(&ev) else {
+            let _ = msg.ack().await;
+            return;
+        };
+        match apply(bus, &ev, &event).await {
+            Ok(()) => {
+                let _ = msg.ack().await;
+            }
+            Err(ApplyError::Bus(e)) => {
+                // Transient: leave it to redelivery.
+                warn!(error = %e, "event not applied yet; will retry");
+                let _ = msg
+                    .ack_with(AckKind::Nak(Some(Duration::from_secs(1))))
+                    .await;
+            }
+            Err(e) => {
+                dead_letter(
+                    &bus.js,
+                    "coordinator",
+                    &e.to_string(),
+                    msg.subject.as_str(),
+                    msg.headers.as_ref(),
+                    msg.payload.clone(),
+                )
+                .await;
+                let _ = msg.ack().await;
+            }
+        }
+    }
+    .instrument(span)
+    .await
+}
+
+async fn apply(bus: &Bus, ev: &RunnerEvent, event: &Event) -> Result<(), ApplyError> {
+    let applied = turns::apply_event(bus, &ev.turn, event).await?;
+    let current = match applied {
+        Applied::Changed(v) => {
+            info!(state = %v.record.state, retry_count = v.record.retry_count, "turn updated");
+            v
+        }
+        Applied::Unchanged(why, v) => {
+            debug!(?why, "event changed nothing");
+            v
+        }
+    };
+    // Whatever is still in the outbox (ours, or left by a coordinator that died) is done now.
+    turns::run_outbox(bus, current).await?;
+    Ok(())
+}

@@ -6,6 +6,7 @@ mod connect;
 mod error;
 mod publish;
 pub mod topology;
+pub mod turns;
 
 pub use connect::{connect, describe_servers};
 pub use error::BusError;

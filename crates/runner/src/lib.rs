@@ -1,1 +1,186 @@
-//! placeholder
+//! A runner node: pulls turn attempts from the shared work consumer, at most `runner_slots` at a
+//! time, runs each in a fresh container (Docker) or child process, lands the agent's bot messages
+//! on the chat's outbound subject, and reports how each attempt ended.
+
+mod attempt;
+pub mod backend;
+pub mod classify;
+pub mod lines;
+
+use async_nats::jetstream::consumer::PullConsumer;
+use backend::{Backend, ProcessBackend};
+use futures::StreamExt;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+use turnpike_config::Config;
+use turnpike_core::{subjects, RunnerId};
+use turnpike_jetstream::{Bus, BusError};
+
+#[derive(Debug, thiserror::Error)]
+pub enum RunnerError {
+    #[error(transparent)]
+    Bus(#[from] BusError),
+    #[error("runner backend: {0}")]
+    Backend(String),
+}
+
+pub(crate) struct Inner {
+    pub(crate) bus: Bus,
+    pub(crate) config: Config,
+    pub(crate) id: RunnerId,
+    pub(crate) backend: Backend,
+    /// Cancelled when running attempts must be killed (drain grace over).
+    pub(crate) hard_stop: CancellationToken,
+}
+
+pub struct Runner {
+    inner: Arc<Inner>,
+}
+
+/// The runner id: configured, or the host name.
+pub fn runner_id(config: &Config) -> RunnerId {
+    match &config.runner_id {
+        Some(id) => RunnerId::sanitized(id),
+        None => RunnerId::sanitized(&hostname()),
+    }
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_owned())
+        .ok()
+        .filter(|s| !s.is_empty())
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .unwrap_or_else(|| "runner".to_owned())
+}
+
+impl Runner {
+    pub fn new(bus: Bus, config: Config) -> Result<Runner, RunnerError> {
+        let backend = match config.runner_backend {
+            turnpike_config::Backend::Process => {
+                let command = config.agent_command.as_deref().ok_or_else(|| {
+                    RunnerError::Backend(
+                        "the process backend needs agent_command (TURNPIKE_AGENT_COMMAND)".into(),
+                    )
+                })?;
+                Backend::Process(ProcessBackend::new(command).map_err(RunnerError::Backend)?)
+            }
+            turnpike_config::Backend::Docker => {
+                return Err(RunnerError::Backend(
+                    "the docker backend is not available in this build yet; set TURNPIKE_RUNNER_BACKEND=process and TURNPIKE_AGENT_COMMAND".into(),
+                ))
+            }
+        };
+        Ok(Runner {
+            inner: Arc::new(Inner {
+                id: runner_id(&config),
+                bus,
+                config,
+                backend,
+                hard_stop: CancellationToken::new(),
+            }),
+        })
+    }
+
+    pub fn id(&self) -> &RunnerId {
+        &self.inner.id
+    }
+
+    /// Pull and run attempts until `shutdown` is cancelled; then take no new work, let running
+    /// attempts finish for up to `stop_grace`, kill what is left, and return once all reported.
+    pub async fn run(self, shutdown: CancellationToken) -> Result<(), RunnerError> {
+        let inner = self.inner;
+        let consumer: PullConsumer = inner
+            .bus
+            .js
+            .get_stream(subjects::STREAM_WORK)
+            .await
+            .map_err(|e| BusError::kv("open work stream", e))?
+            .get_consumer(subjects::CONSUMER_RUNNERS)
+            .await
+            .map_err(|e| BusError::kv("open runners consumer", e))?;
+        let slots = Arc::new(Semaphore::new(inner.config.runner_slots as usize));
+        let mut tasks = tokio::task::JoinSet::new();
+        info!(runner_id = %inner.id, slots = inner.config.runner_slots, backend = inner.backend.name(), "runner started");
+        'pull: loop {
+            let permit = tokio::select! {
+                _ = shutdown.cancelled() => break 'pull,
+                p = slots.clone().acquire_many_owned(1) => match p { Ok(p) => p, Err(_) => break 'pull },
+            };
+            // Fetch exactly as many as there are free slots (this one plus any others).
+            let free = 1 + slots.available_permits();
+            let batch = consumer
+                .fetch()
+                .max_messages(free)
+                .expires(Duration::from_secs(5))
+                .messages()
+                .await;
+            let mut batch = match batch {
+                Ok(b) => b,
+                Err(e) => {
+                    warn!(error = %e, "fetching work failed; retrying");
+                    drop(permit);
+                    tokio::select! {
+                        _ = shutdown.cancelled() => break 'pull,
+                        _ = tokio::time::sleep(Duration::from_secs(1)) => continue,
+                    }
+                }
+            };
+            let mut permit = Some(permit);
+            loop {
+                let next = tokio::select! {
+                    _ = shutdown.cancelled() => None,
+                    m = batch.next() => m,
+                };
+                let Some(item) = next else { break };
+                let msg = match item {
+                    Ok(m) => m,
+                    Err(e) => {
+                        warn!(error = %e, "work fetch error");
+                        continue;
+                    }
+                };
+                let p = match permit.take() {
+                    Some(p) => p,
+                    None => match slots.clone().try_acquire_owned() {
+                        Ok(p) => p,
+                        Err(_) => {
+                            // More than free slots arrived: give it back for another runner.
+                            let _ = msg
+                                .ack_with(async_nats::jetstream::AckKind::Nak(None))
+                                .await;
+                            continue;
+                        }
+                    },
+                };
+                let inner = inner.clone();
+                tasks.spawn(async move {
+                    attempt::handle(inner, msg).await;
+                    drop(p);
+                });
+            }
+            while tasks.try_join_next().is_some() {}
+            if shutdown.is_cancelled() {
+                break 'pull;
+            }
+        }
+        info!(running = tasks.len(), "runner draining");
+        let grace = inner.config.stop_grace;
+        if tokio::time::timeout(grace, async { while tasks.join_next().await.is_some() {} })
+            .await
+            .is_err()
+        {
+            warn!(
+                running = tasks.len(),
+                "drain grace over; stopping running attempts"
+            );
+            inner.hard_stop.cancel();
+            while tasks.join_next().await.is_some() {}
+        }
+        info!("runner stopped");
+        Ok(())
+    }
+}

@@ -1,0 +1,224 @@
+//! Sending a message and following its turn live: what `turnpike send` and the demo print.
+
+use anyhow::{Context, Result};
+use futures::StreamExt;
+use std::io::Write;
+use std::time::Duration;
+use turnpike_core::lifecycle::TurnState;
+use turnpike_core::wire::{InboundMessage, OutboundItem, OutboundKind};
+use turnpike_core::{subjects, ChatId, TurnId, TurnRecord, FORMAT_VERSION};
+use turnpike_jetstream::{decode, decode_kv, now, Bus, Publish};
+
+/// How a followed turn ended, as an exit code for scripts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FollowOutcome {
+    /// Done with a reply: exit 0.
+    Answered,
+    /// Done without a reply (silent-turn notice): exit 3.
+    Silent,
+    /// Failed (plain notice): exit 1.
+    Failed,
+    /// Gave up after every attempt died: exit 4.
+    GaveUp,
+    /// Killed by an operator: exit 5.
+    Killed,
+    /// Still not ended when following stopped: exit 6.
+    StillRunning,
+}
+
+impl FollowOutcome {
+    pub fn exit_code(self) -> std::process::ExitCode {
+        std::process::ExitCode::from(match self {
+            FollowOutcome::Answered => 0,
+            FollowOutcome::Failed => 1,
+            FollowOutcome::Silent => 3,
+            FollowOutcome::GaveUp => 4,
+            FollowOutcome::Killed => 5,
+            FollowOutcome::StillRunning => 6,
+        })
+    }
+
+    fn of(record: &TurnRecord) -> FollowOutcome {
+        match record.state {
+            TurnState::Done if record.any_landed() => FollowOutcome::Answered,
+            TurnState::Done => FollowOutcome::Silent,
+            TurnState::Failed => FollowOutcome::Failed,
+            TurnState::GaveUp => FollowOutcome::GaveUp,
+            TurnState::Killed => FollowOutcome::Killed,
+            _ => FollowOutcome::StillRunning,
+        }
+    }
+}
+
+/// Where follow lines go (stdout for the CLI; the demo indents them).
+pub struct Printer {
+    out: Box<dyn Write + Send>,
+    indent: &'static str,
+}
+
+impl Printer {
+    pub fn stdout() -> Self {
+        Printer {
+            out: Box::new(std::io::stdout()),
+            indent: "",
+        }
+    }
+
+    pub fn indented(indent: &'static str) -> Self {
+        Printer {
+            out: Box::new(std::io::stdout()),
+            indent,
+        }
+    }
+
+    pub fn line(&mut self, text: &str) {
+        // A closed stdout (piped into `head`) is not worth failing over.
+        let _ = writeln!(self.out, "{}{text}", self.indent);
+        let _ = self.out.flush();
+    }
+}
+
+pub async fn send_and_follow(
+    bus: &Bus,
+    chat: &ChatId,
+    id: Option<String>,
+    text: &str,
+    timeout: Duration,
+    printer: &mut Printer,
+) -> Result<FollowOutcome> {
+    let id = id.unwrap_or_else(|| format!("cli-{}-{}", now().millis(), std::process::id()));
+    let turn = TurnId::for_message(chat, &id);
+    let sub = bus
+        .client
+        .subscribe(subjects::chat_out(chat))
+        .await
+        .context("subscribe to the chat's outbound subject")?;
+    let watch = bus
+        .turns
+        .watch(turn.as_str())
+        .await
+        .context("watch the turn record")?;
+    let message = InboundMessage {
+        v: FORMAT_VERSION,
+        id: id.clone(),
+        chat: chat.clone(),
+        text: text.to_owned(),
+        sender: Some("turnpike-cli".into()),
+        attachments: Vec::new(),
+    };
+    Publish::new(bus.codec, subjects::chat_in(chat), &message)?
+        .msg_id(&id)
+        .send(&bus.js)
+        .await
+        .context("publish the message")?;
+    printer.line(&format!("→ sent to {chat} as turn {turn}"));
+    follow(bus, &turn, sub, watch, timeout, printer).await
+}
+
+/// Print a turn's bot messages, progress, notices and attempts until it ends.
+pub async fn follow(
+    bus: &Bus,
+    turn: &TurnId,
+    mut sub: async_nats::Subscriber,
+    mut watch: async_nats::jetstream::kv::Watch,
+    timeout: Duration,
+    printer: &mut Printer,
+) -> Result<FollowOutcome> {
+    let deadline = tokio::time::Instant::now() + timeout;
+    let mut last: Option<(TurnState, u32)> = None;
+    let mut outcome = FollowOutcome::StillRunning;
+    // The record may exist already (a re-sent id, or a fast turn).
+    if let Ok(Some(v)) = turnpike_jetstream::turns::load(bus, turn).await {
+        if let Some(o) = describe(&v.record, &mut last, printer) {
+            outcome = o;
+        }
+    }
+    while outcome == FollowOutcome::StillRunning {
+        tokio::select! {
+            _ = tokio::time::sleep_until(deadline) => {
+                printer.line("… still running; stopped following (see `turnpike turns show`)");
+                return Ok(FollowOutcome::StillRunning);
+            }
+            m = sub.next() => {
+                let Some(m) = m else { break };
+                print_item(turn, &m, printer);
+            }
+            e = watch.next() => {
+                let Some(Ok(entry)) = e else { continue };
+                if let Ok(record) = decode_kv::<TurnRecord>(&entry.value) {
+                    if let Some(o) = describe(&record, &mut last, printer) {
+                        outcome = o;
+                    }
+                }
+            }
+        }
+    }
+    // The terminal record is written before its notice is published: drain briefly.
+    let drain_until = tokio::time::Instant::now() + Duration::from_millis(500);
+    while let Ok(Some(m)) = tokio::time::timeout_at(drain_until, sub.next()).await {
+        print_item(turn, &m, printer);
+    }
+    Ok(outcome)
+}
+
+fn print_item(turn: &TurnId, m: &async_nats::Message, printer: &mut Printer) {
+    let Ok(item) = decode::<OutboundItem>(m.headers.as_ref(), &m.payload) else {
+        return;
+    };
+    if &item.turn != turn {
+        return;
+    }
+    match item.kind {
+        OutboundKind::Message => printer.line(&format!("bot: {}", item.text)),
+        OutboundKind::Status => printer.line(&format!("   … {}", item.text)),
+        OutboundKind::Notice => printer.line(&item.text),
+    }
+}
+
+/// Print what changed since `last`; `Some` once the turn ended and its effects are carried out.
+fn describe(
+    r: &TurnRecord,
+    last: &mut Option<(TurnState, u32)>,
+    printer: &mut Printer,
+) -> Option<FollowOutcome> {
+    let now_key = (r.state, r.attempt);
+    if *last != Some(now_key) {
+        *last = Some(now_key);
+        match r.state {
+            TurnState::Waiting => printer.line("   waiting for the chat's earlier turn"),
+            TurnState::Queued => printer.line(&format!(
+                "   attempt {} of {} queued",
+                r.attempt, r.max_attempts
+            )),
+            TurnState::Running => {
+                let runner = r
+                    .current_attempt()
+                    .and_then(|a| a.runner.as_ref())
+                    .map(|x| x.as_str())
+                    .unwrap_or("?");
+                printer.line(&format!(
+                    "   attempt {} of {} running on {runner}",
+                    r.attempt, r.max_attempts
+                ));
+            }
+            TurnState::PendingRetry => {
+                let died = r
+                    .attempts
+                    .iter()
+                    .find(|a| a.n + 1 == r.attempt)
+                    .and_then(|a| a.exit.as_ref())
+                    .map(|e| format!("{:?}", e.class).to_lowercase())
+                    .unwrap_or_else(|| "unknown".into());
+                printer.line(&format!(
+                    "   attempt {} died ({died}) with no reply; retrying in {} (attempt {} of {})",
+                    r.attempt - 1,
+                    humantime::format_duration(r.retry_delay),
+                    r.attempt,
+                    r.max_attempts
+                ));
+            }
+            s => printer.line(&format!("   turn {s} after {} attempt(s)", r.attempt)),
+        }
+    }
+    (r.state.is_terminal() && r.outbox.is_empty()).then(|| FollowOutcome::of(r))
+}

@@ -1,0 +1,196 @@
+//! `turnpike up`: the embedded default — nats-server plus every role in one process.
+
+use crate::follow::{self, FollowOutcome, Printer};
+use crate::nats_server::{self, LocalNats};
+use anyhow::{Context, Result};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+use turnpike_config::{Backend, Config};
+use turnpike_core::ChatId;
+use turnpike_jetstream::Bus;
+
+fn state_dir(config: &Config) -> PathBuf {
+    if let Some(d) = &config.state_dir {
+        return d.clone();
+    }
+    let base = std::env::var_os("XDG_STATE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".local/state")))
+        .unwrap_or_else(std::env::temp_dir);
+    base.join("turnpike")
+}
+
+fn port_of(url: &str) -> u16 {
+    url.split(',')
+        .next()
+        .and_then(|u| u.rsplit(':').next())
+        .and_then(|p| p.trim_end_matches('/').parse().ok())
+        .unwrap_or(4222)
+}
+
+pub async fn run(mut config: Config, demo: bool) -> Result<ExitCode> {
+    let binary = nats_server::find_or_install()?;
+    // The demo runs on its own port and a throwaway store, so it never meets an earlier run.
+    let scratch = tempfile::tempdir().context("create a temp dir")?;
+    let (port, store) = if demo {
+        (nats_server::free_port()?, scratch.path().join("nats"))
+    } else {
+        (port_of(&config.nats_url), state_dir(&config).join("nats"))
+    };
+    let nats = LocalNats::start(&binary, port, &store)?;
+    config.nats_url = nats.url.clone();
+    if std::env::var_os("TURNPIKE_RUNNER_BACKEND").is_none() {
+        config.runner_backend = Backend::Process;
+    }
+    if config.runner_backend == Backend::Process && config.agent_command.is_none() {
+        let me = std::env::current_exe().context("find the turnpike binary")?;
+        config.agent_command = Some(format!("{} test-agent", me.display()));
+    }
+
+    let bus = Bus::connect(&config, "turnpike-up").await?;
+    let shutdown = if demo {
+        CancellationToken::new()
+    } else {
+        crate::shutdown_on_signal()
+    };
+    let mut roles = tokio::task::JoinSet::new();
+    {
+        let (bus, config, token) = (bus.clone(), config.clone(), shutdown.clone());
+        roles.spawn(async move {
+            turnpike_dispatcher::Dispatcher::new(bus, config)
+                .run(token)
+                .await
+                .map_err(anyhow::Error::from)
+        });
+    }
+    {
+        let (bus, config, token) = (bus.clone(), config.clone(), shutdown.clone());
+        roles.spawn(async move {
+            turnpike_coordinator::Coordinator::new(bus, &config)
+                .run(token)
+                .await
+                .map_err(anyhow::Error::from)
+        });
+    }
+    {
+        let runner = turnpike_runner::Runner::new(bus.clone(), config.clone())?;
+        let token = shutdown.clone();
+        roles.spawn(async move { runner.run(token).await.map_err(anyhow::Error::from) });
+    }
+
+    let code = if demo {
+        let ok = script(&bus, &config).await?;
+        shutdown.cancel();
+        if ok {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::FAILURE
+        }
+    } else {
+        println!(
+            "Turnpike is up: NATS at {} (store {}).",
+            nats.url,
+            store.display()
+        );
+        println!(
+            "Try: TURNPIKE_NATS_URL={} turnpike send --chat demo 'reply:hello'",
+            nats.url
+        );
+        println!("Ctrl-C stops it.");
+        tokio::select! {
+            _ = shutdown.cancelled() => {}
+            r = roles.join_next() => {
+                // A role ending by itself is an error worth stopping for.
+                if let Some(Ok(Err(e))) = r {
+                    shutdown.cancel();
+                    return Err(e);
+                }
+            }
+        }
+        ExitCode::SUCCESS
+    };
+    while let Some(r) = roles.join_next().await {
+        if let Ok(Err(e)) = r {
+            eprintln!("turnpike: a role stopped with an error: {e:#}");
+        }
+    }
+    drop(nats);
+    Ok(code)
+}
+
+/// A short scripted chat: a reply, a death then a retried success, a give-up.
+async fn script(bus: &Bus, config: &Config) -> Result<bool> {
+    let limit = config.attempt_limit();
+    println!(
+        "Turnpike demo: MAX_TURN_RETRY={} ({} attempt(s) per turn), retry delay {}, {} backend.",
+        config.max_turn_retry,
+        limit,
+        humantime::format_duration(config.retry_delay),
+        config.runner_backend
+    );
+    let steps: [(&str, &str, FollowOutcome); 3] = [
+        (
+            "A plain reply",
+            "reply:Hello! I am the Turnpike test agent.",
+            FollowOutcome::Answered,
+        ),
+        (
+            "An agent that dies on its first attempt: retried silently in a fresh run",
+            "die-until:2",
+            if limit >= 2 {
+                FollowOutcome::Answered
+            } else {
+                FollowOutcome::GaveUp
+            },
+        ),
+        (
+            "An agent that runs out of memory every time: Turnpike gives up and says so",
+            "oom",
+            FollowOutcome::GaveUp,
+        ),
+    ];
+    let chat = ChatId::new("demo").context("demo chat id")?;
+    let mut all_ok = true;
+    for (i, (title, text, expected)) in steps.iter().enumerate() {
+        println!("\n[{}] {title}\nyou: {text}", i + 1);
+        let outcome = follow::send_and_follow(
+            bus,
+            &chat,
+            Some(format!("demo-{}-{i}", turnpike_jetstream::now().millis())),
+            text,
+            Duration::from_secs(120) + config.retry_delay * limit,
+            &mut Printer::indented("  "),
+        )
+        .await?;
+        let ok = outcome == *expected;
+        all_ok &= ok;
+        if !ok {
+            println!("  ✗ expected {expected:?}, got {outcome:?}");
+        }
+    }
+    let errored = bus
+        .chats
+        .get("demo")
+        .await
+        .ok()
+        .flatten()
+        .and_then(|v| turnpike_jetstream::decode_kv::<turnpike_core::wire::ChatRecord>(&v).ok())
+        .and_then(|c| c.errored);
+    if let Some(e) = errored {
+        println!(
+            "\nThe chat is flagged errored for operators: turn {} ({}).",
+            e.turn, e.reason
+        );
+    }
+    println!(
+        "\ndemo {}",
+        if all_ok {
+            "finished: every turn ended as expected"
+        } else {
+            "FAILED"
+        }
+    );
+    Ok(all_ok)
+}

@@ -1,0 +1,335 @@
+//! Turn records in the `turnpike_turns` bucket: read, create, apply an event with compare-and-set,
+//! and carry out the effects the lifecycle decided (the record's outbox). Shared by the dispatcher
+//! (which creates turns) and the coordinator (which applies runner events).
+
+use crate::{decode_kv, now, Bus, BusError, Publish};
+use async_nats::jetstream::kv::{CreateErrorKind, UpdateErrorKind};
+use bytes::Bytes;
+use tracing::{debug, warn};
+use turnpike_core::lifecycle::{self, Effect, Event, Step, TransitionError, Unchanged};
+use turnpike_core::subjects::{self, msg_id};
+use turnpike_core::wire::{
+    ChatError, ChatRecord, ClaimHolder, ClaimRecord, OutboundItem, OutboundKind,
+};
+use turnpike_core::{TurnId, TurnRecord, FORMAT_VERSION};
+
+/// A record and the KV revision it was read at.
+#[derive(Debug, Clone)]
+pub struct Versioned {
+    pub record: TurnRecord,
+    pub revision: u64,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ApplyError {
+    #[error("turn {0} is not in the turns bucket")]
+    UnknownTurn(TurnId),
+    #[error("turn record {turn} cannot be read: {message}")]
+    BadRecord { turn: TurnId, message: String },
+    #[error(transparent)]
+    Transition(#[from] TransitionError),
+    #[error(transparent)]
+    Bus(#[from] BusError),
+}
+
+/// What applying an event did.
+#[derive(Debug)]
+pub enum Applied {
+    Changed(Versioned),
+    Unchanged(Unchanged, Versioned),
+}
+
+impl Applied {
+    pub fn current(&self) -> &Versioned {
+        match self {
+            Applied::Changed(v) | Applied::Unchanged(_, v) => v,
+        }
+    }
+}
+
+const CAS_ATTEMPTS: usize = 50;
+
+pub async fn load(bus: &Bus, turn: &TurnId) -> Result<Option<Versioned>, ApplyError> {
+    let entry = bus
+        .turns
+        .entry(turn.as_str())
+        .await
+        .map_err(|e| BusError::kv(format!("read turn {turn}"), e))?;
+    let Some(entry) = entry else { return Ok(None) };
+    if entry.value.is_empty() {
+        // A delete or purge marker.
+        return Ok(None);
+    }
+    let record = decode_kv::<TurnRecord>(&entry.value).map_err(|e| ApplyError::BadRecord {
+        turn: turn.clone(),
+        message: e.to_string(),
+    })?;
+    Ok(Some(Versioned {
+        record,
+        revision: entry.revision,
+    }))
+}
+
+fn encode(bus: &Bus, record: &TurnRecord) -> Result<Bytes, BusError> {
+    Ok(Bytes::from(bus.codec.encode(record)?))
+}
+
+/// Create a turn record; if it exists already (a replayed inbound message), return the stored one.
+pub async fn create(bus: &Bus, record: TurnRecord) -> Result<(Versioned, bool), ApplyError> {
+    match bus
+        .turns
+        .create(record.turn.as_str(), encode(bus, &record)?)
+        .await
+    {
+        Ok(revision) => Ok((Versioned { record, revision }, true)),
+        Err(e) if e.kind() == CreateErrorKind::AlreadyExists => {
+            let existing = load(bus, &record.turn)
+                .await?
+                .ok_or_else(|| ApplyError::UnknownTurn(record.turn.clone()))?;
+            Ok((existing, false))
+        }
+        Err(e) => Err(BusError::kv(format!("create turn {}", record.turn), e).into()),
+    }
+}
+
+/// Apply `event` with compare-and-set: on a conflicting write, re-read and apply again. New
+/// effects join whatever is still in the outbox, so a concurrent writer's effects are never lost.
+pub async fn apply_event(bus: &Bus, turn: &TurnId, event: &Event) -> Result<Applied, ApplyError> {
+    for _ in 0..CAS_ATTEMPTS {
+        let current = load(bus, turn)
+            .await?
+            .ok_or_else(|| ApplyError::UnknownTurn(turn.clone()))?;
+        match lifecycle::apply(&current.record, event, now())? {
+            Step::Unchanged(why) => return Ok(Applied::Unchanged(why, current)),
+            Step::Changed { record, effects } => {
+                let mut record = *record;
+                record.outbox.extend(effects);
+                match bus
+                    .turns
+                    .update(turn.as_str(), encode(bus, &record)?, current.revision)
+                    .await
+                {
+                    Ok(revision) => return Ok(Applied::Changed(Versioned { record, revision })),
+                    Err(e) if e.kind() == UpdateErrorKind::WrongLastRevision => {
+                        debug!(%turn, "turn record changed under us; re-reading");
+                        continue;
+                    }
+                    Err(e) => return Err(BusError::kv(format!("update turn {turn}"), e).into()),
+                }
+            }
+        }
+    }
+    Err(BusError::kv(
+        format!("update turn {turn}"),
+        format!("still conflicting after {CAS_ATTEMPTS} tries"),
+    )
+    .into())
+}
+
+/// Carry out every effect in the record's outbox, then remove those from the stored outbox
+/// (compare-and-set; effects added meanwhile by another writer stay for it to run).
+pub async fn run_outbox(bus: &Bus, mut current: Versioned) -> Result<Versioned, ApplyError> {
+    if current.record.outbox.is_empty() {
+        return Ok(current);
+    }
+    let done = current.record.outbox.clone();
+    for effect in &done {
+        execute(bus, &current.record, effect).await?;
+    }
+    for _ in 0..CAS_ATTEMPTS {
+        let mut record = current.record.clone();
+        record.outbox.retain(|e| !done.contains(e));
+        match bus
+            .turns
+            .update(
+                record.turn.as_str(),
+                encode(bus, &record)?,
+                current.revision,
+            )
+            .await
+        {
+            Ok(revision) => return Ok(Versioned { record, revision }),
+            Err(e) if e.kind() == UpdateErrorKind::WrongLastRevision => {
+                current = load(bus, &record.turn)
+                    .await?
+                    .ok_or_else(|| ApplyError::UnknownTurn(record.turn.clone()))?;
+                if !current.record.outbox.iter().any(|e| done.contains(e)) {
+                    return Ok(current);
+                }
+            }
+            Err(e) => {
+                return Err(BusError::kv(format!("clear outbox of {}", record.turn), e).into())
+            }
+        }
+    }
+    Err(BusError::kv(
+        format!("clear outbox of {}", current.record.turn),
+        format!("still conflicting after {CAS_ATTEMPTS} tries"),
+    )
+    .into())
+}
+
+/// Carry out one effect. Idempotent: dedup ids, one schedule subject per attempt, CAS writes.
+pub async fn execute(bus: &Bus, record: &TurnRecord, effect: &Effect) -> Result<(), BusError> {
+    let turn = &record.turn;
+    match effect {
+        Effect::DispatchAttempt {
+            attempt,
+            not_before,
+        } => {
+            let work = record.work_item(*attempt);
+            let run_subject = subjects::work_run(turn);
+            let publish = match not_before {
+                // A scheduled message loses its Nats-Msg-Id when it fires; the per-attempt
+                // claim stops a second run instead.
+                Some(at) => {
+                    Publish::new(bus.codec, subjects::work_schedule(turn, *attempt), &work)?
+                        .schedule_at(*at, &run_subject)
+                }
+                None => Publish::new(bus.codec, run_subject, &work)?
+                    .msg_id(&msg_id::work(turn, *attempt)),
+            };
+            publish
+                .header(subjects::HDR_TURN, turn.as_str())
+                .header(subjects::HDR_ATTEMPT, &attempt.to_string())
+                .send(&bus.js)
+                .await?;
+        }
+        Effect::Notify { text, attempt, .. } => {
+            let item = OutboundItem {
+                v: FORMAT_VERSION,
+                kind: OutboundKind::Notice,
+                chat: record.chat.clone(),
+                turn: turn.clone(),
+                attempt: *attempt,
+                text: text.clone(),
+                status_id: None,
+                r#final: false,
+            };
+            Publish::new(bus.codec, subjects::chat_out(&record.chat), &item)?
+                .msg_id(&msg_id::notice(turn))
+                .header(subjects::HDR_TURN, turn.as_str())
+                .header(subjects::HDR_KIND, "notice")
+                .send(&bus.js)
+                .await?;
+        }
+        Effect::FlagChatErrored { reason } => {
+            flag_chat(bus, record, reason).await?;
+        }
+        Effect::ForwardKill { attempt } => {
+            // Core NATS: the runner holding the attempt listens; the coordinator's lease sweep
+            // covers a runner that misses it.
+            bus.client
+                .publish(subjects::kill(turn), Bytes::from(attempt.to_string()))
+                .await
+                .map_err(|e| BusError::publish(subjects::kill(turn), e))?;
+        }
+        Effect::CancelAttempt { attempt } => {
+            // Drop the schedule if it has not fired, and take the claim so no runner starts it.
+            let stream = bus
+                .js
+                .get_stream(subjects::STREAM_WORK)
+                .await
+                .map_err(|e| BusError::kv("open work stream", e))?;
+            stream
+                .purge()
+                .filter(subjects::work_schedule(turn, *attempt))
+                .await
+                .map_err(|e| BusError::kv(format!("purge schedule of {turn}.{attempt}"), e))?;
+            let claim = ClaimRecord {
+                v: FORMAT_VERSION,
+                turn: turn.clone(),
+                attempt: *attempt,
+                holder: ClaimHolder::Cancelled,
+                at: now(),
+            };
+            match bus
+                .claims
+                .create(
+                    subjects::claim_key(turn, *attempt),
+                    Bytes::from(bus.codec.encode(&claim)?),
+                )
+                .await
+            {
+                Ok(_) => {}
+                Err(e) if e.kind() == CreateErrorKind::AlreadyExists => {
+                    warn!(%turn, attempt, "cancelled attempt was already claimed; the kill is forwarded to its runner");
+                    bus.client
+                        .publish(subjects::kill(turn), Bytes::from(attempt.to_string()))
+                        .await
+                        .map_err(|e| BusError::publish(subjects::kill(turn), e))?;
+                }
+                Err(e) => return Err(BusError::kv(format!("cancel claim {turn}.{attempt}"), e)),
+            }
+        }
+        Effect::Ended { .. } => {
+            bus.live
+                .purge(turn.as_str())
+                .await
+                .map_err(|e| BusError::kv(format!("drop {turn} from live index"), e))?;
+        }
+    }
+    Ok(())
+}
+
+async fn flag_chat(bus: &Bus, record: &TurnRecord, reason: &str) -> Result<(), BusError> {
+    let key = record.chat.as_str();
+    for _ in 0..CAS_ATTEMPTS {
+        let entry = bus
+            .chats
+            .entry(key)
+            .await
+            .map_err(|e| BusError::kv(format!("read chat {key}"), e))?;
+        let (mut chat, revision) = match entry {
+            Some(e) if !e.value.is_empty() => match decode_kv::<ChatRecord>(&e.value) {
+                Ok(c) => (c, Some(e.revision)),
+                Err(err) => {
+                    warn!(chat = key, error = %err, "chat record unreadable; replacing it");
+                    (new_chat(record), Some(e.revision))
+                }
+            },
+            Some(e) => (new_chat(record), Some(e.revision)),
+            None => (new_chat(record), None),
+        };
+        if chat.errored.as_ref().is_some_and(|e| e.turn == record.turn) {
+            return Ok(());
+        }
+        chat.errored = Some(ChatError {
+            turn: record.turn.clone(),
+            at: now(),
+            reason: reason.to_owned(),
+        });
+        let value = Bytes::from(bus.codec.encode(&chat)?);
+        let result = match revision {
+            Some(rev) => bus.chats.update(key, value, rev).await.map_err(|e| {
+                (
+                    e.kind() == UpdateErrorKind::WrongLastRevision,
+                    e.to_string(),
+                )
+            }),
+            None => bus
+                .chats
+                .create(key, value)
+                .await
+                .map_err(|e| (e.kind() == CreateErrorKind::AlreadyExists, e.to_string())),
+        };
+        match result {
+            Ok(_) => return Ok(()),
+            Err((true, _)) => continue,
+            Err((false, e)) => return Err(BusError::kv(format!("flag chat {key}"), e)),
+        }
+    }
+    Err(BusError::kv(
+        format!("flag chat {key}"),
+        "still conflicting",
+    ))
+}
+
+fn new_chat(record: &TurnRecord) -> ChatRecord {
+    ChatRecord {
+        v: FORMAT_VERSION,
+        chat: record.chat.clone(),
+        errored: None,
+        cleared: Vec::new(),
+    }
+}

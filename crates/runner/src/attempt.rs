@@ -1,0 +1,527 @@
+//! One attempt on this runner: claim it, fence it, run it, land its messages, report its exit.
+
+use crate::backend::{sanitize_attachment_name, Output, RunSpec};
+use crate::classify::{classify, StopReason};
+use crate::lines::{Line, LineSplitter, MAX_LINE};
+use crate::Inner;
+use async_nats::jetstream::kv::CreateErrorKind;
+use async_nats::jetstream::AckKind;
+use bytes::Bytes;
+use futures::StreamExt;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+use tokio::io::AsyncReadExt;
+use tokio::sync::{mpsc, watch};
+use tracing::{debug, info, warn, Instrument};
+use turnpike_core::subjects::{self, msg_id};
+use turnpike_core::wire::{
+    AgentLine, AgentStatus, ClaimHolder, ClaimRecord, ExitReport, OutboundItem, OutboundKind,
+    RunnerEvent, RunnerEventKind, WorkItem,
+};
+use turnpike_core::{Timestamp, FORMAT_VERSION};
+use turnpike_jetstream::{dead_letter, decode, now, BusError, Publish};
+
+/// Take one work message from the runners' consumer and see it through.
+pub(crate) async fn handle(inner: Arc<Inner>, msg: async_nats::jetstream::Message) {
+    let work: WorkItem = match decode(msg.headers.as_ref(), &msg.payload) {
+        Ok(w) => w,
+        Err(e) => {
+            dead_letter(
+                &inner.bus.js,
+                "runner",
+                &format!("undecodable work item: {e}"),
+                msg.subject.as_str(),
+                msg.headers.as_ref(),
+                msg.payload.clone(),
+            )
+            .await;
+            let _ = msg.ack_with(AckKind::Term).await;
+            return;
+        }
+    };
+    let span = tracing::info_span!("attempt", turn_id = %work.turn, attempt = work.attempt,
+        chat_id = %work.chat, runner_id = %inner.id);
+    run(inner, msg, work).instrument(span).await
+}
+
+async fn run(inner: Arc<Inner>, msg: async_nats::jetstream::Message, work: WorkItem) {
+    let bus = &inner.bus;
+    let published_at = msg
+        .info()
+        .map(|i| Timestamp::from_system_time(SystemTime::from(i.published)))
+        .unwrap_or_else(|_| now());
+
+    // Claim: exactly one runner runs an attempt, however often its work item is delivered.
+    let claim = ClaimRecord {
+        v: FORMAT_VERSION,
+        turn: work.turn.clone(),
+        attempt: work.attempt,
+        holder: ClaimHolder::Runner {
+            runner: inner.id.clone(),
+        },
+        at: now(),
+    };
+    let claim_bytes = match bus.codec.encode(&claim) {
+        Ok(b) => Bytes::from(b),
+        Err(e) => {
+            warn!(error = %e, "cannot encode claim");
+            let _ = msg
+                .ack_with(AckKind::Nak(Some(Duration::from_secs(1))))
+                .await;
+            return;
+        }
+    };
+    match bus
+        .claims
+        .create(subjects::claim_key(&work.turn, work.attempt), claim_bytes)
+        .await
+    {
+        Ok(_) => {}
+        Err(e) if e.kind() == CreateErrorKind::AlreadyExists => {
+            info!("attempt already claimed (or cancelled); dropping this delivery");
+            let _ = msg.double_ack().await;
+            return;
+        }
+        Err(e) => {
+            warn!(error = %e, "cannot claim; will be redelivered");
+            let _ = msg
+                .ack_with(AckKind::Nak(Some(Duration::from_secs(1))))
+                .await;
+            return;
+        }
+    }
+
+    // Fence: from here on, this attempt's bot messages land only while the turn's fence is ours.
+    let fence_subject = subjects::fence(&work.turn);
+    let fence = match Publish::new(
+        bus.codec,
+        fence_subject.clone(),
+        &serde_json::json!({"v": FORMAT_VERSION, "turn": work.turn, "attempt": work.attempt, "runner": inner.id}),
+    ) {
+        Ok(p) => {
+            p.header(subjects::HDR_ATTEMPT, &work.attempt.to_string())
+                .send(&bus.js)
+                .await
+        }
+        Err(e) => Err(e),
+    };
+    let fence_seq = match fence {
+        Ok(ack) => ack.sequence,
+        Err(e) => {
+            // The claim is ours; without a fence we cannot land anything safely. Report a death
+            // so the coordinator decides (a retry, if the budget allows).
+            warn!(error = %e, "cannot set the attempt fence");
+            let _ = msg.double_ack().await;
+            report_exit(
+                &inner,
+                &work,
+                engine_failure(format!("cannot set fence: {e}")),
+            )
+            .await;
+            return;
+        }
+    };
+    emit(
+        &inner,
+        &work,
+        "started",
+        RunnerEventKind::Started { published_at },
+    )
+    .await;
+    if let Err(e) = msg.double_ack().await {
+        debug!(error = %e, "ack of the work item failed; the claim keeps it ours");
+    }
+    info!("attempt started");
+
+    let attachments = match fetch_attachments(&inner, &work).await {
+        Ok(a) => a,
+        Err(e) => {
+            warn!(error = %e, "attachments unavailable");
+            report_exit(
+                &inner,
+                &work,
+                ExitReport {
+                    class: turnpike_core::wire::ExitClass::CouldNotStart,
+                    exit_code: None,
+                    signal: None,
+                    error: Some(e),
+                    messages_landed: 0,
+                    ended_at: now(),
+                },
+            )
+            .await;
+            return;
+        }
+    };
+
+    let spec = RunSpec {
+        work: work.clone(),
+        attachments,
+        memory_limit: inner.config.memory_limit.0,
+        stop_grace: inner.config.stop_grace,
+    };
+    let (out_tx, mut out_rx) = mpsc::channel::<Output>(64);
+    let (stop_tx, stop_rx) = watch::channel::<Option<StopReason>>(None);
+    let stop_tx = Arc::new(stop_tx);
+
+    // Operator kills arrive on the turn's control subject.
+    let kill_watch = {
+        let stop_tx = stop_tx.clone();
+        let client = bus.client.clone();
+        let turn = work.turn.clone();
+        let attempt = work.attempt;
+        tokio::spawn(async move {
+            let Ok(mut sub) = client.subscribe(subjects::kill(&turn)).await else {
+                return;
+            };
+            while let Some(m) = sub.next().await {
+                let target: Option<u32> = std::str::from_utf8(&m.payload)
+                    .ok()
+                    .and_then(|s| s.trim().parse().ok());
+                if target.is_none_or(|t| t == attempt) {
+                    info!("operator kill received");
+                    stop_tx.send_replace(Some(StopReason::Operator));
+                }
+            }
+        })
+    };
+    // The run time limit.
+    let timer = {
+        let stop_tx = stop_tx.clone();
+        let limit = inner.config.run_timeout;
+        tokio::spawn(async move {
+            tokio::time::sleep(limit).await;
+            stop_tx.send_if_modified(|s| {
+                if s.is_none() {
+                    *s = Some(StopReason::Timeout);
+                    true
+                } else {
+                    false
+                }
+            });
+        })
+    };
+    // The runner shutting down past its drain grace.
+    let drain = {
+        let stop_tx = stop_tx.clone();
+        let token = inner.hard_stop.clone();
+        tokio::spawn(async move {
+            token.cancelled().await;
+            stop_tx.send_if_modified(|s| {
+                if s.is_none() {
+                    *s = Some(StopReason::Drain);
+                    true
+                } else {
+                    false
+                }
+            });
+        })
+    };
+
+    let backend_inner = inner.clone();
+    let backend_spec = spec.clone();
+    let run = tokio::spawn(async move {
+        backend_inner
+            .backend
+            .run(&backend_spec, out_tx, stop_rx)
+            .await
+    });
+
+    let mut lander = Lander {
+        inner: &inner,
+        work: &work,
+        fence_subject,
+        fence_seq,
+        landed: 0,
+        status_seq: 0,
+        verdict: None,
+        verdict_error: None,
+        any_output: false,
+        fenced: false,
+    };
+    let mut splitter = LineSplitter::new(MAX_LINE);
+    while let Some(chunk) = out_rx.recv().await {
+        match chunk {
+            Output::Stdout(bytes) => {
+                lander.any_output = true;
+                for line in splitter.push(&bytes) {
+                    lander.line(line, &stop_tx).await;
+                }
+            }
+            Output::Stderr(bytes) => {
+                for line in String::from_utf8_lossy(&bytes).lines() {
+                    debug!(stderr = line, "agent");
+                }
+            }
+        }
+    }
+    if let Some(line) = splitter.finish() {
+        lander.line(line, &stop_tx).await;
+    }
+    let raw = match run.await {
+        Ok(raw) => raw,
+        Err(e) => crate::classify::RawExit {
+            engine_error: Some(format!("backend task failed: {e}")),
+            ..Default::default()
+        },
+    };
+    kill_watch.abort();
+    timer.abort();
+    drain.abort();
+
+    let class = classify(&raw, lander.verdict, lander.any_output);
+    let error = raw
+        .start_error
+        .clone()
+        .or(raw.engine_error.clone())
+        .or(lander.verdict_error.clone());
+    info!(?class, exit_code = ?raw.exit_code, signal = ?raw.signal, landed = lander.landed, "attempt ended");
+    report_exit(
+        &inner,
+        &work,
+        ExitReport {
+            class,
+            exit_code: raw.exit_code,
+            signal: raw.signal,
+            error,
+            messages_landed: lander.landed,
+            ended_at: now(),
+        },
+    )
+    .await;
+}
+
+fn engine_failure(error: String) -> ExitReport {
+    ExitReport {
+        class: turnpike_core::wire::ExitClass::EngineError,
+        exit_code: None,
+        signal: None,
+        error: Some(error),
+        messages_landed: 0,
+        ended_at: now(),
+    }
+}
+
+struct Lander<'a> {
+    inner: &'a Inner,
+    work: &'a WorkItem,
+    fence_subject: String,
+    fence_seq: u64,
+    landed: u32,
+    status_seq: u32,
+    verdict: Option<AgentStatus>,
+    verdict_error: Option<String>,
+    any_output: bool,
+    fenced: bool,
+}
+
+impl Lander<'_> {
+    async fn line(&mut self, line: Line, stop: &watch::Sender<Option<StopReason>>) {
+        let text = match line {
+            Line::Text(t) => t,
+            Line::Oversize { len } => {
+                warn!(len, "agent line over 1 MiB skipped");
+                return;
+            }
+            Line::NotUtf8 { len } => {
+                warn!(len, "agent line not UTF-8 skipped");
+                return;
+            }
+        };
+        if text.trim().is_empty() {
+            return;
+        }
+        let parsed: AgentLine = match serde_json::from_str(&text) {
+            Ok(p) => p,
+            Err(e) => {
+                let shown: String = text.chars().take(200).collect();
+                debug!(line = %shown, error = %e, "agent stdout (not a protocol line)");
+                return;
+            }
+        };
+        match parsed {
+            AgentLine::Message { text } => self.message(text, stop).await,
+            AgentLine::Status { text } => self.status(text).await,
+            AgentLine::Result { status, error } => {
+                self.verdict = Some(status);
+                self.verdict_error = error;
+            }
+        }
+    }
+
+    async fn message(&mut self, text: String, stop: &watch::Sender<Option<StopReason>>) {
+        if self.fenced {
+            return;
+        }
+        let seq = self.landed + 1;
+        let item = OutboundItem {
+            v: FORMAT_VERSION,
+            kind: OutboundKind::Message,
+            chat: self.work.chat.clone(),
+            turn: self.work.turn.clone(),
+            attempt: self.work.attempt,
+            text,
+            status_id: None,
+            r#final: false,
+        };
+        let bus = &self.inner.bus;
+        let subject = subjects::chat_out(&self.work.chat);
+        let mut tries = 0;
+        loop {
+            let publish = Publish::new(bus.codec, subject.clone(), &item).map(|p| {
+                p.msg_id(&msg_id::bot_message(
+                    &self.work.turn,
+                    self.work.attempt,
+                    seq,
+                ))
+                .header(subjects::HDR_TURN, self.work.turn.as_str())
+                .header(subjects::HDR_ATTEMPT, &self.work.attempt.to_string())
+                .header(subjects::HDR_KIND, "message")
+                .expect_last_on(&self.fence_subject, self.fence_seq)
+            });
+            let result = match publish {
+                Ok(p) => p.send(&bus.js).await,
+                Err(e) => Err(e),
+            };
+            match result {
+                Ok(_) => {
+                    self.landed = seq;
+                    emit(
+                        self.inner,
+                        self.work,
+                        &format!("landed.{seq}"),
+                        RunnerEventKind::MessageLanded { seq },
+                    )
+                    .await;
+                    return;
+                }
+                Err(BusError::Fenced { .. }) => {
+                    warn!("attempt superseded: its bot message was refused; stopping it");
+                    self.fenced = true;
+                    stop.send_replace(Some(StopReason::Superseded));
+                    return;
+                }
+                Err(e) if tries < 5 => {
+                    tries += 1;
+                    warn!(error = %e, tries, "bot message not acknowledged; retrying with the same dedup id");
+                    tokio::time::sleep(Duration::from_millis(200 * tries)).await;
+                }
+                Err(e) => {
+                    warn!(error = %e, "bot message could not be landed; dropping it");
+                    return;
+                }
+            }
+        }
+    }
+
+    async fn status(&mut self, text: String) {
+        self.status_seq += 1;
+        let bus = &self.inner.bus;
+        let item = OutboundItem {
+            v: FORMAT_VERSION,
+            kind: OutboundKind::Status,
+            chat: self.work.chat.clone(),
+            turn: self.work.turn.clone(),
+            attempt: self.work.attempt,
+            text: text.clone(),
+            status_id: Some(subjects::status_id(&self.work.turn)),
+            r#final: false,
+        };
+        let published = match Publish::new(bus.codec, subjects::chat_out(&self.work.chat), &item) {
+            Ok(p) => {
+                p.msg_id(&msg_id::status(
+                    &self.work.turn,
+                    self.work.attempt,
+                    self.status_seq,
+                ))
+                .header(subjects::HDR_TURN, self.work.turn.as_str())
+                .header(subjects::HDR_KIND, "status")
+                .expect_last_on(&self.fence_subject, self.fence_seq)
+                .send(&bus.js)
+                .await
+            }
+            Err(e) => Err(e),
+        };
+        if let Err(e) = published {
+            debug!(error = %e, "status update not published");
+        }
+        emit(
+            self.inner,
+            self.work,
+            &format!("progress.{}", self.status_seq),
+            RunnerEventKind::Progress { text },
+        )
+        .await;
+    }
+}
+
+/// Fetch the message's attachments from the object store, within the size limit.
+async fn fetch_attachments(inner: &Inner, work: &WorkItem) -> Result<Vec<(String, Bytes)>, String> {
+    let max = inner.config.attachment_max_bytes.0;
+    let mut out = Vec::new();
+    for a in &work.message.attachments {
+        let mut obj = inner.bus.attachments.get(&a.object).await.map_err(|e| {
+            format!(
+                "attachment {:?} (object {:?}) unavailable: {e}",
+                a.name, a.object
+            )
+        })?;
+        if obj.info().size as u64 > max {
+            return Err(format!(
+                "attachment {:?} is {} bytes; the limit is {}",
+                a.name,
+                obj.info().size,
+                inner.config.attachment_max_bytes
+            ));
+        }
+        let mut data = Vec::new();
+        obj.read_to_end(&mut data)
+            .await
+            .map_err(|e| format!("attachment {:?} could not be read: {e}", a.name))?;
+        out.push((sanitize_attachment_name(&a.name), Bytes::from(data)));
+    }
+    Ok(out)
+}
+
+/// Publish a runner event, retried (same dedup id) so a blip does not lose it.
+pub(crate) async fn emit(inner: &Inner, work: &WorkItem, what: &str, kind: RunnerEventKind) {
+    let event = RunnerEvent {
+        v: FORMAT_VERSION,
+        turn: work.turn.clone(),
+        chat: work.chat.clone(),
+        attempt: work.attempt,
+        runner: inner.id.clone(),
+        at: now(),
+        kind,
+    };
+    let id = msg_id::event(&work.turn, work.attempt, what);
+    let mut delay = Duration::from_millis(100);
+    for tries in 1..=10 {
+        let publish =
+            Publish::new(inner.bus.codec, subjects::events(&work.turn), &event).map(|p| {
+                p.msg_id(&id)
+                    .header(subjects::HDR_TURN, work.turn.as_str())
+                    .header(subjects::HDR_ATTEMPT, &work.attempt.to_string())
+            });
+        let result = match publish {
+            Ok(p) => p.send(&inner.bus.js).await.map(|_| ()),
+            Err(e) => Err(e),
+        };
+        match result {
+            Ok(()) => return,
+            Err(e) => {
+                warn!(error = %e, tries, event = what, "runner event not acknowledged; retrying");
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(5));
+            }
+        }
+    }
+    warn!(
+        event = what,
+        "runner event lost after 10 tries; the lease sweep will settle the attempt"
+    );
+}
+
+async fn report_exit(inner: &Inner, work: &WorkItem, report: ExitReport) {
+    emit(inner, work, "exited", RunnerEventKind::Exited { report }).await;
+}

@@ -1,0 +1,84 @@
+//! Where an attempt's agent runs. Both backends take the same [`RunSpec`], stream the agent's
+//! output as raw chunks, honour stop requests (polite stop, grace, kill) and report a [`RawExit`];
+//! classification is shared ([`crate::classify`]).
+
+mod process;
+
+pub use process::ProcessBackend;
+
+use crate::classify::{RawExit, StopReason};
+use bytes::Bytes;
+use std::time::Duration;
+use tokio::sync::{mpsc, watch};
+use turnpike_core::wire::WorkItem;
+
+/// One attempt to run.
+#[derive(Debug, Clone)]
+pub struct RunSpec {
+    pub work: WorkItem,
+    /// Attachment files: sanitised name and content.
+    pub attachments: Vec<(String, Bytes)>,
+    pub memory_limit: u64,
+    pub stop_grace: Duration,
+}
+
+#[derive(Debug)]
+pub enum Output {
+    Stdout(Bytes),
+    Stderr(Bytes),
+}
+
+pub enum Backend {
+    Process(ProcessBackend),
+}
+
+impl Backend {
+    pub fn name(&self) -> &'static str {
+        match self {
+            Backend::Process(_) => "process",
+        }
+    }
+
+    /// Run to the end. Output goes to `out` (dropped when the run is over); a value on `stop`
+    /// stops the run: polite stop, `stop_grace`, then kill.
+    pub async fn run(
+        &self,
+        spec: &RunSpec,
+        out: mpsc::Sender<Output>,
+        stop: watch::Receiver<Option<StopReason>>,
+    ) -> RawExit {
+        match self {
+            Backend::Process(p) => p.run(spec, out, stop).await,
+        }
+    }
+}
+
+/// An attachment name safe to use as one path component: no separators, no `..`, no NUL.
+pub fn sanitize_attachment_name(name: &str) -> String {
+    let base = name.rsplit(['/', '\\']).next().unwrap_or("");
+    let cleaned: String = base
+        .chars()
+        .map(|c| if c.is_control() || c == ':' { '_' } else { c })
+        .collect();
+    let cleaned = cleaned.trim_matches('.').trim();
+    if cleaned.is_empty() {
+        "attachment".to_owned()
+    } else {
+        cleaned.chars().take(200).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::sanitize_attachment_name as s;
+
+    #[test]
+    fn attachment_names_cannot_escape() {
+        assert_eq!(s("report.pdf"), "report.pdf");
+        assert_eq!(s("../../etc/passwd"), "passwd");
+        assert_eq!(s("..\\..\\x.txt"), "x.txt");
+        assert_eq!(s(".."), "attachment");
+        assert_eq!(s("a\0b"), "a_b");
+        assert_eq!(s(""), "attachment");
+    }
+}

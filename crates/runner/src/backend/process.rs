@@ -1,0 +1,211 @@
+//! The process backend: one child process per attempt, for machines without Docker and for fast
+//! tests. Memory is bounded with `RLIMIT_AS` (an allocation failure is then the agent's own crash,
+//! not an OOM kill: no cgroup is involved), time by the runner's stop request, and the whole
+//! process group is killed at the end so no grandchild outlives its attempt.
+
+use super::{Output, RunSpec};
+use crate::classify::{RawExit, StopReason};
+use bytes::Bytes;
+use rustix::process::Signal;
+use rustix::process::{kill_process_group, prlimit, Pid, Resource, Rlimit};
+use std::os::unix::process::ExitStatusExt;
+use std::process::{ExitStatus, Stdio};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+use tokio::process::Command;
+use tokio::sync::{mpsc, watch};
+use tracing::warn;
+use turnpike_core::wire::AgentInput;
+
+pub struct ProcessBackend {
+    argv: Vec<String>,
+}
+
+impl ProcessBackend {
+    /// `command` is split on white space: program, then arguments.
+    pub fn new(command: &str) -> Result<Self, String> {
+        let argv: Vec<String> = command.split_whitespace().map(str::to_owned).collect();
+        if argv.is_empty() {
+            return Err(
+                "agent_command is empty; set TURNPIKE_AGENT_COMMAND to the agent's command line"
+                    .into(),
+            );
+        }
+        Ok(ProcessBackend { argv })
+    }
+
+    pub async fn run(
+        &self,
+        spec: &RunSpec,
+        out: mpsc::Sender<Output>,
+        mut stop: watch::Receiver<Option<StopReason>>,
+    ) -> RawExit {
+        let work = &spec.work;
+        let dir = match tempfile::Builder::new()
+            .prefix(&format!("turnpike-{}-{}-", work.turn, work.attempt))
+            .tempdir()
+        {
+            Ok(d) => d,
+            Err(e) => return engine_error(format!("cannot create the attempt's temp dir: {e}")),
+        };
+        let att_dir = dir.path().join("attachments");
+        let mut paths = Vec::new();
+        if !spec.attachments.is_empty() {
+            if let Err(e) = tokio::fs::create_dir(&att_dir).await {
+                return engine_error(format!("cannot create {}: {e}", att_dir.display()));
+            }
+            for (name, content) in &spec.attachments {
+                let path = att_dir.join(name);
+                if let Err(e) = tokio::fs::write(&path, content).await {
+                    return engine_error(format!("cannot write {}: {e}", path.display()));
+                }
+                paths.push(path.to_string_lossy().into_owned());
+            }
+        }
+        let input = match serde_json::to_vec(&AgentInput::from_work(work, paths)) {
+            Ok(i) => i,
+            Err(e) => return engine_error(format!("cannot encode the input document: {e}")),
+        };
+
+        let mut cmd = Command::new(&self.argv[0]);
+        cmd.args(&self.argv[1..])
+            .current_dir(dir.path())
+            .env_clear()
+            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+            .env("HOME", dir.path())
+            .env("TURNPIKE_TURN", work.turn.as_str())
+            .env("TURNPIKE_ATTEMPT", work.attempt.to_string())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .process_group(0);
+        let mut child = match cmd.spawn() {
+            Ok(c) => c,
+            Err(e) => {
+                return RawExit {
+                    start_error: Some(format!("cannot start {:?}: {e}", self.argv[0])),
+                    ..RawExit::default()
+                }
+            }
+        };
+        let Some(pid) = child.id().and_then(|id| Pid::from_raw(id as i32)) else {
+            return engine_error("the agent exited before its limits could be set".into());
+        };
+        // The agent gets its input only after the limit is in place, so it cannot outrun it.
+        let limit = Rlimit {
+            current: Some(spec.memory_limit),
+            maximum: Some(spec.memory_limit),
+        };
+        if let Err(e) = prlimit(Some(pid), Resource::As, limit) {
+            let _ = kill_process_group(pid, Signal::KILL);
+            let _ = child.wait().await;
+            return engine_error(format!("cannot set the memory limit: {e}"));
+        }
+
+        let stdin = child.stdin.take();
+        let feeder = tokio::spawn(async move {
+            if let Some(mut stdin) = stdin {
+                // An agent that exits without reading its input is not an error here.
+                let _ = stdin.write_all(&input).await;
+                let _ = stdin.shutdown().await;
+            }
+        });
+        let readers = [
+            child
+                .stdout
+                .take()
+                .map(|s| pump(s, out.clone(), Output::Stdout)),
+            child
+                .stderr
+                .take()
+                .map(|s| pump(s, out.clone(), Output::Stderr)),
+        ];
+        drop(out);
+
+        let mut stopped_by = None;
+        let status = tokio::select! {
+            status = child.wait() => status,
+            reason = wait_stop(&mut stop) => {
+                stopped_by = Some(reason);
+                let _ = kill_process_group(pid, Signal::TERM);
+                match tokio::time::timeout(spec.stop_grace, child.wait()).await {
+                    Ok(status) => status,
+                    Err(_) => {
+                        let _ = kill_process_group(pid, Signal::KILL);
+                        child.wait().await
+                    }
+                }
+            }
+        };
+        // Grandchildren may still hold the pipes: end the whole group.
+        let _ = kill_process_group(pid, Signal::KILL);
+        feeder.abort();
+        for r in readers.into_iter().flatten() {
+            let _ = r.await;
+        }
+        drop(dir);
+        match status {
+            Ok(status) => from_status(status, stopped_by),
+            Err(e) => {
+                warn!(error = %e, "lost track of the agent process");
+                RawExit {
+                    stopped_by,
+                    ..engine_error(format!("waiting for the agent failed: {e}"))
+                }
+            }
+        }
+    }
+}
+
+fn engine_error(message: String) -> RawExit {
+    RawExit {
+        engine_error: Some(message),
+        ..RawExit::default()
+    }
+}
+
+fn from_status(status: ExitStatus, stopped_by: Option<StopReason>) -> RawExit {
+    RawExit {
+        exit_code: status.code().map(i64::from),
+        signal: status.signal(),
+        stopped_by,
+        ..RawExit::default()
+    }
+}
+
+/// Resolves when a stop is requested (at once if one already was). Never resolves if the sender
+/// is gone without asking.
+pub(crate) async fn wait_stop(stop: &mut watch::Receiver<Option<StopReason>>) -> StopReason {
+    loop {
+        if let Some(reason) = *stop.borrow_and_update() {
+            return reason;
+        }
+        if stop.changed().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    }
+}
+
+fn pump<R: AsyncRead + Unpin + Send + 'static>(
+    mut r: R,
+    out: mpsc::Sender<Output>,
+    wrap: fn(Bytes) -> Output,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            match r.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => {
+                    if out
+                        .send(wrap(Bytes::copy_from_slice(&buf[..n])))
+                        .await
+                        .is_err()
+                    {
+                        break;
+                    }
+                }
+            }
+        }
+    })
+}

@@ -1,0 +1,194 @@
+//! The test agent: a scriptable agent for tests and demos. It reads the Turnpike input
+//! document on stdin and behaves as the first directive in the message text says:
+//!
+//! | directive | behaviour |
+//! |---|---|
+//! | `reply:<text>` | replies `<text>` |
+//! | `crash-after-reply` | replies, then exits 1 |
+//! | `oom` | allocates until killed (capped at 1 GiB, then exits 86 so a missing limit never eats the host) |
+//! | `hang` | sleeps forever |
+//! | `sleep:<s>` | sleeps `<s>` seconds (fractions allowed), then replies |
+//! | `hang-until:<k>` | hangs on attempts below k, replies from attempt k on |
+//! | `fail` | reports `{"type":"result","status":"error"}` and exits 0 |
+//! | `silent` | exits 0 saying nothing |
+//! | `die-until:<k>` | exits 1 with no reply on attempts below k, replies from attempt k on |
+//! | `status:<n>` | sends n status lines, then replies |
+//! | `garbage` | prints invalid and oversize lines, then replies |
+//! | `flood:<n>` | sends n messages |
+//! | anything else | echoes the text back |
+//!
+//! The modifier `show-prompt` anywhere in the text makes replies quote the prompt the agent got
+//! (tests read the retry preamble that way).
+
+use serde_json::json;
+use std::io::{Read, Write};
+use std::time::Duration;
+use turnpike_core::wire::AgentInput;
+
+/// Exit code when `oom` reached its cap without being killed: the memory limit is missing.
+const OOM_CAP_EXIT: i32 = 86;
+const OOM_CAP_BYTES: usize = 1 << 30;
+
+fn emit(value: serde_json::Value) {
+    let mut out = std::io::stdout().lock();
+    // A closed stdout means the runner is gone; nothing useful is left to do.
+    if writeln!(out, "{value}").and_then(|_| out.flush()).is_err() {
+        std::process::exit(2);
+    }
+}
+
+fn raw_line(line: &str) {
+    let mut out = std::io::stdout().lock();
+    if writeln!(out, "{line}").and_then(|_| out.flush()).is_err() {
+        std::process::exit(2);
+    }
+}
+
+fn message(text: &str) {
+    emit(json!({"type": "message", "text": text}));
+}
+
+fn status(text: &str) {
+    emit(json!({"type": "status", "text": text}));
+}
+
+fn result_ok() {
+    emit(json!({"type": "result", "status": "ok"}));
+}
+
+fn hang() -> ! {
+    loop {
+        std::thread::sleep(Duration::from_secs(3600));
+    }
+}
+
+/// Run the agent: read the input document from stdin, act, exit. Never returns.
+pub fn run() -> ! {
+    let mut raw = Vec::new();
+    if let Err(e) = std::io::stdin().read_to_end(&mut raw) {
+        eprintln!("test-agent: cannot read stdin: {e}");
+        std::process::exit(3);
+    }
+    let input: AgentInput = match serde_json::from_slice(&raw) {
+        Ok(i) => i,
+        Err(e) => {
+            eprintln!("test-agent: stdin is not a Turnpike input document: {e}");
+            std::process::exit(3);
+        }
+    };
+    eprintln!(
+        "test-agent: turn {} attempt {} of {}",
+        input.turn, input.attempt, input.max_attempts
+    );
+    let text = input.message.text.trim().to_owned();
+    let show_prompt = text.split_whitespace().any(|w| w == "show-prompt");
+    let reply = |body: &str| {
+        if show_prompt {
+            message(&format!("{body} | prompt: {}", input.prompt));
+        } else {
+            message(body);
+        }
+    };
+    let directive = text
+        .split_whitespace()
+        .find(|w| *w != "show-prompt")
+        .unwrap_or("");
+    let (name, arg) = match directive.split_once(':') {
+        Some((n, a)) => (n, Some(a)),
+        None => (directive, None),
+    };
+    let number = |what: &str| -> u64 {
+        arg.and_then(|a| a.parse().ok()).unwrap_or_else(|| {
+            eprintln!("test-agent: {what} needs a number, e.g. {what}:3");
+            std::process::exit(4);
+        })
+    };
+    match name {
+        "reply" => {
+            let rest = text
+                .split_once("reply:")
+                .map(|(_, r)| r.replace("show-prompt", ""))
+                .unwrap_or_default();
+            reply(rest.trim());
+            result_ok();
+        }
+        "crash-after-reply" => {
+            reply("partial answer before crashing");
+            std::process::exit(1);
+        }
+        "oom" => {
+            let mut hoard: Vec<Vec<u8>> = Vec::new();
+            let chunk = 16 << 20;
+            while hoard.len() * chunk < OOM_CAP_BYTES {
+                // Touch every page so the memory is really committed.
+                hoard.push(vec![0xA5; chunk]);
+            }
+            eprintln!("test-agent: allocated 1 GiB without being killed: no memory limit?");
+            std::process::exit(OOM_CAP_EXIT);
+        }
+        "hang" => hang(),
+        "sleep" => {
+            let secs: f64 = arg.and_then(|a| a.parse().ok()).unwrap_or_else(|| {
+                eprintln!("test-agent: sleep needs seconds, e.g. sleep:2");
+                std::process::exit(4);
+            });
+            std::thread::sleep(Duration::from_secs_f64(secs.max(0.0)));
+            reply(&format!("slept {secs}s"));
+            result_ok();
+        }
+        "hang-until" => {
+            if u64::from(input.attempt) < number("hang-until") {
+                hang();
+            }
+            reply(&format!("answered on attempt {}", input.attempt));
+            result_ok();
+        }
+        "fail" => {
+            emit(
+                json!({"type": "result", "status": "error", "error": "the test agent was told to fail"}),
+            );
+        }
+        "silent" => {}
+        "die-until" => {
+            if u64::from(input.attempt) < number("die-until") {
+                eprintln!("test-agent: dying on attempt {}", input.attempt);
+                std::process::exit(1);
+            }
+            reply(&format!("answered on attempt {}", input.attempt));
+            result_ok();
+        }
+        "status" => {
+            let n = number("status");
+            for i in 1..=n {
+                status(&format!("working {i}/{n}"));
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            reply(&format!("done after {n} status updates"));
+            result_ok();
+        }
+        "garbage" => {
+            raw_line("this is not json");
+            raw_line("{\"type\": \"message\", \"text\": ");
+            raw_line("{\"type\":\"teleport\",\"text\":\"unknown type\"}");
+            raw_line(&format!(
+                "{{\"type\":\"message\",\"text\":\"{}\"}}",
+                "x".repeat(2 << 20)
+            ));
+            raw_line("");
+            reply("survived the garbage");
+            result_ok();
+        }
+        "flood" => {
+            let n = number("flood");
+            for i in 1..=n {
+                message(&format!("flood {i}/{n}"));
+            }
+            result_ok();
+        }
+        _ => {
+            reply(&text);
+            result_ok();
+        }
+    }
+    std::process::exit(0)
+}

@@ -1,1 +1,152 @@
-//! End-to-end tests live beside this file; see `[[test]]` in Cargo.toml.
+//! The harness for end-to-end tests: a real nats-server, and Turnpike's roles started in-process
+//! against it, each stoppable on its own (to test restarts) — no mocks.
+
+use async_nats::jetstream::consumer::{pull, DeliverPolicy};
+use futures::StreamExt;
+use std::time::Duration;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use turnpike_config::{Backend, Config};
+use turnpike_core::wire::{InboundMessage, OutboundItem};
+use turnpike_core::{subjects, ChatId, TurnId, TurnRecord, FORMAT_VERSION};
+use turnpike_jetstream::{decode, turns, Bus, Publish};
+use turnpike_testkit::{eventually, NatsServer};
+
+/// A config for tests: the given server, the process backend running the test agent, short
+/// delays (tests that check the real values set their own).
+pub fn test_config(server: &NatsServer, agent: &str) -> Config {
+    Config {
+        nats_url: server.url(),
+        runner_backend: Backend::Process,
+        agent_command: Some(agent.to_owned()),
+        retry_delay: Duration::from_millis(500),
+        stop_grace: Duration::from_secs(2),
+        lease: Duration::from_secs(4),
+        heartbeat: Duration::from_secs(1),
+        ..Config::default()
+    }
+}
+
+/// One role running in this process.
+pub struct Role {
+    token: CancellationToken,
+    task: JoinHandle<()>,
+}
+
+impl Role {
+    pub async fn stop(self) {
+        self.token.cancel();
+        let _ = self.task.await;
+    }
+
+    /// Stop at once, like kill -9 (the task is aborted where it stands).
+    pub fn abort(self) {
+        self.task.abort();
+    }
+}
+
+pub async fn start_dispatcher(config: &Config) -> Role {
+    let bus = Bus::connect(config, "test-dispatcher").await.expect("bus");
+    let token = CancellationToken::new();
+    let d = turnpike_dispatcher::Dispatcher::new(bus, config.clone());
+    let t = token.clone();
+    Role {
+        token,
+        task: tokio::spawn(async move {
+            d.run(t).await.expect("dispatcher runs");
+        }),
+    }
+}
+
+pub async fn start_coordinator(config: &Config) -> Role {
+    let bus = Bus::connect(config, "test-coordinator").await.expect("bus");
+    let token = CancellationToken::new();
+    let c = turnpike_coordinator::Coordinator::new(bus, config);
+    let t = token.clone();
+    Role {
+        token,
+        task: tokio::spawn(async move {
+            c.run(t).await.expect("coordinator runs");
+        }),
+    }
+}
+
+pub async fn start_runner(config: &Config) -> Role {
+    let bus = Bus::connect(config, "test-runner").await.expect("bus");
+    let token = CancellationToken::new();
+    let r = turnpike_runner::Runner::new(bus, config.clone()).expect("runner config");
+    let t = token.clone();
+    Role {
+        token,
+        task: tokio::spawn(async move {
+            r.run(t).await.expect("runner runs");
+        }),
+    }
+}
+
+/// Publish an inbound chat message as a chat adapter would; returns its turn id.
+pub async fn send(bus: &Bus, chat: &str, id: &str, text: &str) -> TurnId {
+    let chat = ChatId::new(chat).expect("valid chat");
+    let msg = InboundMessage {
+        v: FORMAT_VERSION,
+        id: id.to_owned(),
+        chat: chat.clone(),
+        text: text.to_owned(),
+        sender: Some("tester".into()),
+        attachments: vec![],
+    };
+    Publish::new(bus.codec, subjects::chat_in(&chat), &msg)
+        .expect("encodes")
+        .msg_id(id)
+        .send(&bus.js)
+        .await
+        .expect("inbound accepted");
+    TurnId::for_message(&chat, id)
+}
+
+/// Wait until the turn is terminal with its effects carried out.
+pub async fn wait_ended(bus: &Bus, turn: &TurnId, timeout: Duration) -> TurnRecord {
+    eventually(timeout, &format!("turn {turn} to end"), || async {
+        match turns::load(bus, turn).await {
+            Ok(Some(v)) if v.record.state.is_terminal() && v.record.outbox.is_empty() => {
+                Some(v.record)
+            }
+            _ => None,
+        }
+    })
+    .await
+}
+
+/// Every outbound item stored for a chat, in order.
+pub async fn chat_items(bus: &Bus, chat: &str) -> Vec<OutboundItem> {
+    let chat = ChatId::new(chat).expect("valid chat");
+    let stream = bus
+        .js
+        .get_stream(subjects::STREAM_CHAT_OUT)
+        .await
+        .expect("chat-out stream");
+    let consumer = stream
+        .create_consumer(pull::Config {
+            filter_subject: subjects::chat_out(&chat),
+            deliver_policy: DeliverPolicy::All,
+            ack_policy: async_nats::jetstream::consumer::AckPolicy::None,
+            inactive_threshold: Duration::from_secs(30),
+            ..Default::default()
+        })
+        .await
+        .expect("ephemeral consumer");
+    let mut out = Vec::new();
+    let mut batch = consumer
+        .fetch()
+        .max_messages(10_000)
+        .expires(Duration::from_millis(500))
+        .messages()
+        .await
+        .expect("fetch");
+    while let Some(Ok(m)) = batch.next().await {
+        out.push(
+            decode::<OutboundItem>(m.headers.as_ref(), &m.payload).expect("outbound item decodes"),
+        );
+    }
+    out
+}

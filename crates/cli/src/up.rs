@@ -75,7 +75,7 @@ pub async fn run(mut config: Config, demo: bool) -> Result<ExitCode> {
         });
     }
     {
-        let runner = turnpike_runner::Runner::new(bus.clone(), config.clone())?;
+        let runner = turnpike_runner::Runner::new(bus.clone(), config.clone()).await?;
         let token = shutdown.clone();
         roles.spawn(async move { runner.run(token).await.map_err(anyhow::Error::from) });
     }

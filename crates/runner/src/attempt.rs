@@ -91,6 +91,21 @@ async fn run(inner: Arc<Inner>, msg: async_nats::jetstream::Message, work: WorkI
         }
     }
 
+    // The lease: while it lives (renewed on every heartbeat), the attempt is ours and alive.
+    if let Err(e) = crate::lease::put_with_ttl(
+        &inner,
+        subjects::BUCKET_LEASES,
+        &subjects::claim_key(&work.turn, work.attempt),
+        inner.config.lease,
+        Bytes::from(inner.id.to_string()),
+    )
+    .await
+    {
+        // The claim is ours but unprotected: the sweep will find it without a lease and declare
+        // it lost, which is the truth if we cannot reach NATS. Carry on; the run may still land.
+        warn!(error = %e, "cannot create the lease");
+    }
+
     // Fence: from here on, this attempt's bot messages land only while the turn's fence is ours.
     let fence_subject = subjects::fence(&work.turn);
     let fence = match Publish::new(
@@ -185,6 +200,12 @@ async fn run(inner: Arc<Inner>, msg: async_nats::jetstream::Message, work: WorkI
             }
         })
     };
+    let lease = crate::lease::keep_alive(
+        inner.clone(),
+        work.turn.clone(),
+        work.attempt,
+        stop_tx.clone(),
+    );
     // The run time limit.
     let timer = {
         let stop_tx = stop_tx.clone();
@@ -266,6 +287,7 @@ async fn run(inner: Arc<Inner>, msg: async_nats::jetstream::Message, work: WorkI
         },
     };
     kill_watch.abort();
+    lease.abort();
     timer.abort();
     drain.abort();
 
@@ -520,6 +542,45 @@ pub(crate) async fn emit(inner: &Inner, work: &WorkItem, what: &str, kind: Runne
         event = what,
         "runner event lost after 10 tries; the lease sweep will settle the attempt"
     );
+}
+
+/// Report an attempt found as a leftover container after a restart: runner lost.
+pub(crate) async fn report_orphan(
+    inner: &Inner,
+    turn: turnpike_core::TurnId,
+    chat: turnpike_core::ChatId,
+    attempt: u32,
+) {
+    let event = RunnerEvent {
+        v: FORMAT_VERSION,
+        turn: turn.clone(),
+        chat,
+        attempt,
+        runner: inner.id.clone(),
+        at: now(),
+        kind: RunnerEventKind::Exited {
+            report: ExitReport {
+                class: turnpike_core::wire::ExitClass::RunnerLost,
+                exit_code: None,
+                signal: None,
+                error: Some("the runner restarted while the attempt ran".into()),
+                messages_landed: 0,
+                ended_at: now(),
+            },
+        },
+    };
+    let publish = Publish::new(inner.bus.codec, subjects::events(&turn), &event).map(|p| {
+        p.msg_id(&msg_id::event(&turn, attempt, "exited"))
+            .header(subjects::HDR_TURN, turn.as_str())
+            .header(subjects::HDR_ATTEMPT, &attempt.to_string())
+    });
+    let result = match publish {
+        Ok(p) => p.send(&inner.bus.js).await.map(|_| ()),
+        Err(e) => Err(e),
+    };
+    if let Err(e) = result {
+        warn!(turn_id = %turn, attempt, error = %e, "could not report the leftover run; the lease sweep will");
+    }
 }
 
 async fn report_exit(inner: &Inner, work: &WorkItem, report: ExitReport) {

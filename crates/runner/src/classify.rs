@@ -17,6 +17,13 @@ pub enum StopReason {
     LeaseLost,
 }
 
+impl StopReason {
+    /// Stop at once, without the grace period: another attempt may already own the turn.
+    pub fn is_urgent(self) -> bool {
+        matches!(self, StopReason::Superseded | StopReason::LeaseLost)
+    }
+}
+
 /// What a backend saw of one run.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct RawExit {

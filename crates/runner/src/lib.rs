@@ -5,10 +5,11 @@
 mod attempt;
 pub mod backend;
 pub mod classify;
+mod lease;
 pub mod lines;
 
 use async_nats::jetstream::consumer::PullConsumer;
-use backend::{Backend, ProcessBackend};
+use backend::{Backend, DockerBackend, ProcessBackend};
 use futures::StreamExt;
 use std::sync::Arc;
 use std::time::Duration;
@@ -58,7 +59,8 @@ fn hostname() -> String {
 }
 
 impl Runner {
-    pub fn new(bus: Bus, config: Config) -> Result<Runner, RunnerError> {
+    pub async fn new(bus: Bus, config: Config) -> Result<Runner, RunnerError> {
+        let id = runner_id(&config);
         let backend = match config.runner_backend {
             turnpike_config::Backend::Process => {
                 let command = config.agent_command.as_deref().ok_or_else(|| {
@@ -68,15 +70,15 @@ impl Runner {
                 })?;
                 Backend::Process(ProcessBackend::new(command).map_err(RunnerError::Backend)?)
             }
-            turnpike_config::Backend::Docker => {
-                return Err(RunnerError::Backend(
-                    "the docker backend is not available in this build yet; set TURNPIKE_RUNNER_BACKEND=process and TURNPIKE_AGENT_COMMAND".into(),
-                ))
-            }
+            turnpike_config::Backend::Docker => Backend::Docker(
+                DockerBackend::connect(&config, id.clone())
+                    .await
+                    .map_err(RunnerError::Backend)?,
+            ),
         };
         Ok(Runner {
             inner: Arc::new(Inner {
-                id: runner_id(&config),
+                id,
                 bus,
                 config,
                 backend,
@@ -103,6 +105,8 @@ impl Runner {
             .await
             .map_err(|e| BusError::kv("open runners consumer", e))?;
         let slots = Arc::new(Semaphore::new(inner.config.runner_slots as usize));
+        reap_orphans(&inner).await;
+        let presence = tokio::spawn(announce(inner.clone(), slots.clone()));
         let mut tasks = tokio::task::JoinSet::new();
         info!(runner_id = %inner.id, slots = inner.config.runner_slots, backend = inner.backend.name(), "runner started");
         'pull: loop {
@@ -180,7 +184,67 @@ impl Runner {
             inner.hard_stop.cancel();
             while tasks.join_next().await.is_some() {}
         }
+        presence.abort();
+        // Going away: say so at once rather than letting the presence TTL run out.
+        let _ = inner.bus.runners.purge(inner.id.as_str()).await;
         info!("runner stopped");
         Ok(())
+    }
+}
+
+/// Remove runs an earlier life of this runner left behind and report their attempts as runner
+/// lost. Idempotent: the event's dedup id is the one the attempt's own exit report would use, and
+/// the coordinator ignores it if its sweep declared the attempt lost already.
+async fn reap_orphans(inner: &Arc<Inner>) {
+    let orphans = match inner.backend.reap_orphans().await {
+        Ok(o) => o,
+        Err(e) => {
+            warn!(error = %e, "could not look for runs left by an earlier life");
+            return;
+        }
+    };
+    for o in orphans {
+        let (Some(turn), Some(attempt), Some(chat)) = (o.turn, o.attempt, o.chat) else {
+            warn!(container = %o.container, "removed an unlabelled leftover container");
+            continue;
+        };
+        warn!(turn_id = %turn, attempt, container = %o.container, "removed a run left by an earlier life; reporting it lost");
+        attempt::report_orphan(inner, turn, chat, attempt).await;
+    }
+}
+
+/// Keep this runner's presence (id, host, slots, slots in use, version) fresh in the runners
+/// bucket; the TTL removes it if the runner dies.
+async fn announce(inner: Arc<Inner>, slots: Arc<Semaphore>) {
+    let ttl = inner.config.lease * 2;
+    loop {
+        let total = inner.config.runner_slots;
+        let presence = turnpike_core::wire::RunnerPresence {
+            v: turnpike_core::FORMAT_VERSION,
+            runner: inner.id.clone(),
+            host: hostname(),
+            backend: inner.backend.name().to_owned(),
+            slots: total,
+            slots_in_use: total.saturating_sub(slots.available_permits() as u32),
+            version: env!("CARGO_PKG_VERSION").to_owned(),
+            at: turnpike_jetstream::now(),
+        };
+        match inner.bus.codec.encode(&presence) {
+            Ok(bytes) => {
+                if let Err(e) = lease::put_with_ttl(
+                    &inner,
+                    subjects::BUCKET_RUNNERS,
+                    inner.id.as_str(),
+                    ttl,
+                    bytes::Bytes::from(bytes),
+                )
+                .await
+                {
+                    warn!(error = %e, "presence not refreshed");
+                }
+            }
+            Err(e) => warn!(error = %e, "cannot encode presence"),
+        }
+        tokio::time::sleep(inner.config.heartbeat).await;
     }
 }

@@ -2,8 +2,13 @@
 //! output as raw chunks, honour stop requests (polite stop, grace, kill) and report a [`RawExit`];
 //! classification is shared ([`crate::classify`]).
 
+mod docker;
 mod process;
 
+pub use docker::{
+    DockerBackend, Orphan, ATTACHMENT_DIR, LABEL_ATTEMPT, LABEL_CHAT, LABEL_MANAGED, LABEL_RUNNER,
+    LABEL_TURN,
+};
 pub use process::ProcessBackend;
 
 use crate::classify::{RawExit, StopReason};
@@ -29,12 +34,14 @@ pub enum Output {
 }
 
 pub enum Backend {
+    Docker(DockerBackend),
     Process(ProcessBackend),
 }
 
 impl Backend {
     pub fn name(&self) -> &'static str {
         match self {
+            Backend::Docker(_) => "docker",
             Backend::Process(_) => "process",
         }
     }
@@ -48,7 +55,17 @@ impl Backend {
         stop: watch::Receiver<Option<StopReason>>,
     ) -> RawExit {
         match self {
+            Backend::Docker(d) => d.run(spec, out, stop).await,
             Backend::Process(p) => p.run(spec, out, stop).await,
+        }
+    }
+
+    /// Remove runs left by an earlier life of this runner; the attempts they belonged to.
+    pub async fn reap_orphans(&self) -> Result<Vec<Orphan>, String> {
+        match self {
+            Backend::Docker(d) => d.reap_orphans().await,
+            // A child process dies with its runner (kill_on_drop, own process group).
+            Backend::Process(_) => Ok(Vec::new()),
         }
     }
 }

@@ -127,8 +127,9 @@ impl ProcessBackend {
             status = child.wait() => status,
             reason = wait_stop(&mut stop) => {
                 stopped_by = Some(reason);
+                let grace = if reason.is_urgent() { std::time::Duration::ZERO } else { spec.stop_grace };
                 let _ = kill_process_group(pid, Signal::TERM);
-                match tokio::time::timeout(spec.stop_grace, child.wait()).await {
+                match tokio::time::timeout(grace, child.wait()).await {
                     Ok(status) => status,
                     Err(_) => {
                         let _ = kill_process_group(pid, Signal::KILL);

@@ -1,0 +1,452 @@
+//! The Docker backend: one brand-new container per attempt through the local Docker Engine
+//! (bollard). Memory limit with swap disabled (so the cgroup, not the host, OOM-kills), pids limit,
+//! `cap_drop ALL`, `no-new-privileges`, a numeric non-root user, the configured network, and labels
+//! naming turn, attempt and runner. The input document goes to stdin; attachments are copied in
+//! before start (not bind-mounted: the runner may itself run in a container, where host paths
+//! differ). The container is always removed afterwards.
+
+use super::{Output, RunSpec};
+use crate::backend::process::wait_stop;
+use crate::classify::{RawExit, StopReason};
+use bollard::container::LogOutput;
+use bollard::errors::Error as DockerError;
+use bollard::models::{ContainerCreateBody, HostConfig};
+use bollard::query_parameters::{
+    AttachContainerOptionsBuilder, CreateContainerOptionsBuilder, EventsOptionsBuilder,
+    ListContainersOptionsBuilder, RemoveContainerOptionsBuilder, StopContainerOptionsBuilder,
+    UploadToContainerOptionsBuilder, WaitContainerOptions,
+};
+use bollard::Docker;
+use bytes::Bytes;
+use futures::StreamExt;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::io::AsyncWriteExt;
+use tokio::sync::{mpsc, watch};
+use tracing::{debug, warn};
+use turnpike_config::Config;
+use turnpike_core::wire::AgentInput;
+use turnpike_core::{ChatId, RunnerId, TurnId};
+
+/// Labels on every container Turnpike starts.
+pub const LABEL_MANAGED: &str = "turnpike.managed";
+pub const LABEL_RUNNER: &str = "turnpike.runner";
+pub const LABEL_TURN: &str = "turnpike.turn";
+pub const LABEL_ATTEMPT: &str = "turnpike.attempt";
+pub const LABEL_CHAT: &str = "turnpike.chat";
+
+/// Where attachments appear inside the container.
+pub const ATTACHMENT_DIR: &str = "/turnpike/attachments";
+
+/// How long a single engine call may take before it counts as an engine failure.
+const ENGINE_TIMEOUT: Duration = Duration::from_secs(60);
+
+pub struct DockerBackend {
+    docker: Docker,
+    runner: RunnerId,
+    image: String,
+    user: String,
+    network_mode: String,
+    pids_limit: i64,
+    nano_cpus: i64,
+}
+
+/// A container left by an earlier life of this runner.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Orphan {
+    pub container: String,
+    pub turn: Option<TurnId>,
+    pub attempt: Option<u32>,
+    pub chat: Option<ChatId>,
+}
+
+impl DockerBackend {
+    /// Connect to the local engine (DOCKER_HOST or the default socket), negotiating the API version.
+    pub async fn connect(config: &Config, runner: RunnerId) -> Result<Self, String> {
+        let docker = Docker::connect_with_local_defaults()
+            .map_err(|e| format!("cannot connect to the Docker Engine: {e}"))?
+            .with_timeout(ENGINE_TIMEOUT)
+            .negotiate_version()
+            .await
+            .map_err(|e| format!("cannot talk to the Docker Engine (is it running, and may this user use its socket?): {e}"))?;
+        Ok(DockerBackend {
+            docker,
+            runner,
+            image: config.agent_image.clone(),
+            user: config.agent_user.clone(),
+            network_mode: config.network_mode.clone(),
+            pids_limit: config.pids_limit,
+            nano_cpus: (config.cpus * 1e9) as i64,
+        })
+    }
+
+    pub fn docker(&self) -> &Docker {
+        &self.docker
+    }
+
+    /// Does the engine enforce memory limits (cgroup memory controller present)?
+    pub async fn enforces_memory_limits(&self) -> Result<bool, String> {
+        let info = self.docker.info().await.map_err(|e| e.to_string())?;
+        Ok(info.memory_limit.unwrap_or(false))
+    }
+
+    fn container_name(&self, turn: &TurnId, attempt: u32) -> String {
+        // Docker names: [a-zA-Z0-9][a-zA-Z0-9_.-]*; our ids already fit.
+        format!("turnpike-{}-{turn}-{attempt}", self.runner)
+    }
+
+    /// Remove every container labelled with this runner's id (left by an earlier life).
+    pub async fn reap_orphans(&self) -> Result<Vec<Orphan>, String> {
+        let filters: HashMap<&str, Vec<String>> =
+            HashMap::from([("label", vec![format!("{LABEL_RUNNER}={}", self.runner)])]);
+        let list = self
+            .docker
+            .list_containers(Some(
+                ListContainersOptionsBuilder::new()
+                    .all(true)
+                    .filters(&filters)
+                    .build(),
+            ))
+            .await
+            .map_err(|e| format!("cannot list containers: {e}"))?;
+        let mut out = Vec::new();
+        for c in list {
+            let Some(id) = c.id else { continue };
+            let labels = c.labels.unwrap_or_default();
+            let turn = labels
+                .get(LABEL_TURN)
+                .and_then(|t| TurnId::new(t.as_str()).ok());
+            let attempt = labels.get(LABEL_ATTEMPT).and_then(|a| a.parse().ok());
+            let chat = labels
+                .get(LABEL_CHAT)
+                .and_then(|c| ChatId::new(c.as_str()).ok());
+            self.remove(&id).await;
+            out.push(Orphan {
+                container: id,
+                turn,
+                attempt,
+                chat,
+            });
+        }
+        Ok(out)
+    }
+
+    async fn remove(&self, id: &str) {
+        let opts = RemoveContainerOptionsBuilder::new()
+            .force(true)
+            .v(true)
+            .build();
+        if let Err(e) = self.docker.remove_container(id, Some(opts)).await {
+            if !is_status(&e, 404) {
+                warn!(container = id, error = %e, "could not remove container");
+            }
+        }
+    }
+
+    pub async fn run(
+        &self,
+        spec: &RunSpec,
+        out: mpsc::Sender<Output>,
+        stop: watch::Receiver<Option<StopReason>>,
+    ) -> RawExit {
+        let work = &spec.work;
+        let name = self.container_name(&work.turn, work.attempt);
+        // A container of the same name can only be a leftover of this very attempt: replace it.
+        self.remove(&name).await;
+        let paths = spec
+            .attachments
+            .iter()
+            .map(|(n, _)| format!("{ATTACHMENT_DIR}/{n}"))
+            .collect();
+        let input = match serde_json::to_vec(&AgentInput::from_work(work, paths)) {
+            Ok(i) => i,
+            Err(e) => return engine_error(format!("cannot encode the input document: {e}")),
+        };
+        let memory = i64::try_from(spec.memory_limit).unwrap_or(i64::MAX);
+        let body = ContainerCreateBody {
+            image: Some(self.image.clone()),
+            user: Some(self.user.clone()),
+            attach_stdin: Some(true),
+            attach_stdout: Some(true),
+            attach_stderr: Some(true),
+            open_stdin: Some(true),
+            stdin_once: Some(true),
+            tty: Some(false),
+            env: Some(vec![
+                format!("TURNPIKE_TURN={}", work.turn),
+                format!("TURNPIKE_ATTEMPT={}", work.attempt),
+            ]),
+            labels: Some(HashMap::from([
+                (LABEL_MANAGED.to_owned(), "true".to_owned()),
+                (LABEL_RUNNER.to_owned(), self.runner.to_string()),
+                (LABEL_TURN.to_owned(), work.turn.to_string()),
+                (LABEL_ATTEMPT.to_owned(), work.attempt.to_string()),
+                (LABEL_CHAT.to_owned(), work.chat.to_string()),
+            ])),
+            host_config: Some(HostConfig {
+                memory: Some(memory),
+                memory_swap: Some(memory),
+                pids_limit: Some(self.pids_limit),
+                nano_cpus: Some(self.nano_cpus),
+                network_mode: Some(self.network_mode.clone()),
+                cap_drop: Some(vec!["ALL".to_owned()]),
+                security_opt: Some(vec!["no-new-privileges".to_owned()]),
+                auto_remove: Some(false),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let created = self
+            .docker
+            .create_container(
+                Some(CreateContainerOptionsBuilder::new().name(&name).build()),
+                body,
+            )
+            .await;
+        let id = match created {
+            Ok(c) => c.id,
+            Err(e) if is_refusal(&e) => {
+                return RawExit {
+                    start_error: Some(format!(
+                        "cannot create the container from image {:?}: {e}",
+                        self.image
+                    )),
+                    ..RawExit::default()
+                }
+            }
+            Err(e) => return engine_error(format!("creating the container failed: {e}")),
+        };
+        let raw = self.run_created(&id, spec, input, out, stop).await;
+        self.remove(&id).await;
+        raw
+    }
+
+    async fn run_created(
+        &self,
+        id: &str,
+        spec: &RunSpec,
+        input: Vec<u8>,
+        out: mpsc::Sender<Output>,
+        mut stop: watch::Receiver<Option<StopReason>>,
+    ) -> RawExit {
+        if !spec.attachments.is_empty() {
+            let tar = match attachments_tar(&spec.attachments) {
+                Ok(t) => t,
+                Err(e) => return engine_error(format!("cannot pack attachments: {e}")),
+            };
+            let opts = UploadToContainerOptionsBuilder::new().path("/").build();
+            if let Err(e) = self
+                .docker
+                .upload_to_container(id, Some(opts), bollard::body_full(Bytes::from(tar)))
+                .await
+            {
+                return engine_error(format!(
+                    "copying attachments into the container failed: {e}"
+                ));
+            }
+        }
+
+        // The engine's oom event: State.OOMKilled alone misses a child killed inside the cgroup.
+        let oom = Arc::new(AtomicBool::new(false));
+        let oom_watch = {
+            let docker = self.docker.clone();
+            let oom = oom.clone();
+            let filters: HashMap<&str, Vec<String>> = HashMap::from([
+                ("type", vec!["container".to_owned()]),
+                ("event", vec!["oom".to_owned()]),
+                ("container", vec![id.to_owned()]),
+            ]);
+            let opts = EventsOptionsBuilder::new().filters(&filters).build();
+            tokio::spawn(async move {
+                let mut events = docker.events(Some(opts));
+                while let Some(ev) = events.next().await {
+                    if ev.is_ok() {
+                        oom.store(true, Ordering::SeqCst);
+                    }
+                }
+            })
+        };
+
+        // Attach before start, so no output is missed.
+        let attach = self
+            .docker
+            .attach_container(
+                id,
+                Some(
+                    AttachContainerOptionsBuilder::new()
+                        .stdin(true)
+                        .stdout(true)
+                        .stderr(true)
+                        .stream(true)
+                        .build(),
+                ),
+            )
+            .await;
+        let attach = match attach {
+            Ok(a) => a,
+            Err(e) => {
+                oom_watch.abort();
+                return engine_error(format!("attaching to the container failed: {e}"));
+            }
+        };
+        if let Err(e) = self.docker.start_container(id, None).await {
+            oom_watch.abort();
+            return if is_refusal(&e) {
+                RawExit {
+                    start_error: Some(format!("the container would not start: {e}")),
+                    ..RawExit::default()
+                }
+            } else {
+                engine_error(format!("starting the container failed: {e}"))
+            };
+        }
+        let mut stdin = attach.input;
+        let feeder = tokio::spawn(async move {
+            // An agent that exits without reading its input is not an error here.
+            let _ = stdin.write_all(&input).await;
+            let _ = stdin.shutdown().await;
+        });
+        let mut output = attach.output;
+        let pump = tokio::spawn(async move {
+            while let Some(item) = output.next().await {
+                let chunk = match item {
+                    Ok(LogOutput::StdOut { message }) | Ok(LogOutput::Console { message }) => {
+                        Output::Stdout(message)
+                    }
+                    Ok(LogOutput::StdErr { message }) => Output::Stderr(message),
+                    Ok(LogOutput::StdIn { .. }) => continue,
+                    Err(e) => {
+                        debug!(error = %e, "attach stream ended");
+                        break;
+                    }
+                };
+                if out.send(chunk).await.is_err() {
+                    break;
+                }
+            }
+        });
+
+        let mut stopped_by = None;
+        let mut wait = self.docker.wait_container(id, None::<WaitContainerOptions>);
+        let waited = tokio::select! {
+            w = wait.next() => w,
+            reason = wait_stop(&mut stop) => {
+                stopped_by = Some(reason);
+                let grace = if reason.is_urgent() { 0 } else { spec.stop_grace.as_secs().clamp(1, i32::MAX as u64) as i32 };
+                let opts = StopContainerOptionsBuilder::new().t(grace).build();
+                if let Err(e) = self.docker.stop_container(id, Some(opts)).await {
+                    warn!(error = %e, "stopping the container failed; killing it");
+                    let _ = self.docker.kill_container(id, None).await;
+                }
+                wait.next().await
+            }
+        };
+        let wait_code = match waited {
+            Some(Ok(r)) => Some(r.status_code),
+            // A non-zero exit is reported as this error: it is a result, not a failure.
+            Some(Err(DockerError::DockerContainerWaitError { code, .. })) => Some(code),
+            Some(Err(e)) => {
+                warn!(error = %e, "waiting for the container failed");
+                None
+            }
+            None => None,
+        };
+        // The attach stream can stay open after exit: drain briefly, then let go.
+        if tokio::time::timeout(Duration::from_secs(2), pump)
+            .await
+            .is_err()
+        {
+            debug!("attach stream still open after exit");
+        }
+        feeder.abort();
+        let inspected = self.docker.inspect_container(id, None).await;
+        // Give the events stream a moment: the oom event may trail the exit.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        oom_watch.abort();
+        let (state_code, oom_killed) = match &inspected {
+            Ok(info) => {
+                let state = info.state.as_ref();
+                (
+                    state.and_then(|s| s.exit_code),
+                    state.and_then(|s| s.oom_killed).unwrap_or(false),
+                )
+            }
+            Err(_) => (None, false),
+        };
+        let exit_code = wait_code.or(state_code);
+        if exit_code.is_none() {
+            return RawExit {
+                stopped_by,
+                ..engine_error(match inspected {
+                    Err(e) => format!("lost track of the container: {e}"),
+                    Ok(_) => "the engine reported no exit code".to_owned(),
+                })
+            };
+        }
+        RawExit {
+            exit_code,
+            signal: None,
+            oom_killed: oom_killed || oom.load(Ordering::SeqCst),
+            stopped_by,
+            ..RawExit::default()
+        }
+    }
+}
+
+fn engine_error(message: String) -> RawExit {
+    RawExit {
+        engine_error: Some(message),
+        ..RawExit::default()
+    }
+}
+
+fn is_status(e: &DockerError, code: u16) -> bool {
+    matches!(e, DockerError::DockerResponseServerError { status_code, .. } if *status_code == code)
+}
+
+/// The engine answered and said no (missing image, bad config): a retry cannot fix it. Transport
+/// errors and 5xx other than a start refusal are engine failures (retryable deaths).
+fn is_refusal(e: &DockerError) -> bool {
+    match e {
+        DockerError::DockerResponseServerError {
+            status_code,
+            message,
+        } => {
+            (400..500).contains(status_code)
+                // The engine reports an entrypoint it cannot exec as a 500 on start.
+                || (*status_code == 500
+                    && (message.contains("executable file not found")
+                        || message.contains("no such file or directory")
+                        || message.contains("exec format error")
+                        || message.contains("permission denied")))
+        }
+        _ => false,
+    }
+}
+
+/// A tar archive with `turnpike/attachments/<name>` for each attachment, readable by any user.
+fn attachments_tar(files: &[(String, Bytes)]) -> std::io::Result<Vec<u8>> {
+    let mut builder = tar::Builder::new(Vec::new());
+    for dir in ["turnpike/", "turnpike/attachments/"] {
+        let mut h = tar::Header::new_gnu();
+        h.set_entry_type(tar::EntryType::Directory);
+        h.set_mode(0o755);
+        h.set_size(0);
+        h.set_cksum();
+        builder.append_data(&mut h, dir, std::io::empty())?;
+    }
+    for (name, content) in files {
+        let mut h = tar::Header::new_gnu();
+        h.set_mode(0o644);
+        h.set_size(content.len() as u64);
+        h.set_cksum();
+        builder.append_data(
+            &mut h,
+            format!("turnpike/attachments/{name}"),
+            content.as_ref(),
+        )?;
+    }
+    builder.into_inner()
+}

@@ -22,6 +22,9 @@ fi
 export TURNPIKE_NATS_SERVER="$nats"
 echo "using $("$nats" --version) at $nats"
 
+# The Docker tests need the test agent image (built locally, FROM scratch, no registry).
+bash deploy/build-images.sh
+
 if command -v cargo-nextest >/dev/null 2>&1; then
   cargo nextest run --workspace --no-fail-fast "$@"
 else

@@ -21,13 +21,19 @@ use turnpike_jetstream::{dead_letter, decode, Bus, BusError};
 /// Events applied at once by one coordinator (events of one turn may race; CAS sorts them out).
 const IN_FLIGHT: usize = 32;
 
+pub mod sweep;
+
 pub struct Coordinator {
     bus: Bus,
+    config: Config,
 }
 
 impl Coordinator {
-    pub fn new(bus: Bus, _config: &Config) -> Self {
-        Coordinator { bus }
+    pub fn new(bus: Bus, config: &Config) -> Self {
+        Coordinator {
+            bus,
+            config: config.clone(),
+        }
     }
 
     pub async fn run(self, shutdown: CancellationToken) -> Result<(), BusError> {
@@ -41,6 +47,13 @@ impl Coordinator {
             .await
             .map_err(|e| BusError::kv("open coordinator consumer", e))?;
         info!("coordinator started");
+        // Runner-lost detection is bounded by lease + this interval.
+        let sweeper = tokio::spawn(sweep::run(
+            self.bus.clone(),
+            self.config.clone(),
+            self.config.heartbeat,
+            shutdown.clone(),
+        ));
         let slots = Arc::new(Semaphore::new(IN_FLIGHT));
         let mut tasks = tokio::task::JoinSet::new();
         'outer: while !shutdown.is_cancelled() {
@@ -85,6 +98,7 @@ impl Coordinator {
             }
         }
         while tasks.join_next().await.is_some() {}
+        let _ = sweeper.await;
         info!("coordinator stopped");
         Ok(())
     }

@@ -1,0 +1,314 @@
+//! The recovery sweep: at start-up and periodically, look at every turn not yet ended (the
+//! `turnpike_live` index, never the whole turns bucket, so its cost does not grow with finished
+//! turns) and settle what no event will settle by itself:
+//! - a running attempt whose runner lease lapsed becomes a `runner_lost` death, after the turn's
+//!   fence is moved so the lost runner's late output can no longer land;
+//! - a pending retry whose next attempt is neither scheduled, queued nor claimed is scheduled again;
+//! - effects left in an ended turn's outbox are carried out, and the turn leaves the index.
+
+use async_nats::jetstream::consumer::{DeliverPolicy, OrderedPullConsumer};
+use futures::StreamExt;
+use std::time::{Duration, SystemTime};
+use tracing::{debug, info, warn};
+use turnpike_config::Config;
+use turnpike_core::lifecycle::{Effect, Event, TurnState};
+use turnpike_core::subjects;
+use turnpike_core::wire::{
+    ClaimHolder, ClaimRecord, ExitClass, ExitReport, RunnerEvent, RunnerEventKind, WorkItem,
+};
+use turnpike_core::{TurnId, TurnRecord, FORMAT_VERSION};
+use turnpike_jetstream::turns::{self, ApplyError};
+use turnpike_jetstream::{decode, decode_kv, header_str, now, Bus, BusError, Publish};
+
+/// What one sweep found; logged, and counted by operators' tools.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct SweepReport {
+    pub live: usize,
+    pub runner_lost: usize,
+    pub rescheduled: usize,
+    pub queued_long: usize,
+    pub cleaned: usize,
+}
+
+/// An attempt published this long ago and still unclaimed is reported (never silently lost).
+const QUEUED_LONG: Duration = Duration::from_secs(300);
+
+pub async fn sweep_once(bus: &Bus, config: &Config) -> Result<SweepReport, BusError> {
+    let mut report = SweepReport::default();
+    let mut keys = bus
+        .live
+        .keys()
+        .await
+        .map_err(|e| BusError::kv("list live turns", e))?;
+    let mut live = Vec::new();
+    while let Some(k) = keys.next().await {
+        match k {
+            Ok(k) => live.push(k),
+            Err(e) => return Err(BusError::kv("list live turns", e)),
+        }
+    }
+    report.live = live.len();
+    for key in live {
+        let Ok(turn) = TurnId::new(key.as_str()) else {
+            let _ = bus.live.purge(&key).await;
+            continue;
+        };
+        if let Err(e) = sweep_turn(bus, config, &turn, &mut report).await {
+            warn!(turn_id = %turn, error = %e, "sweep could not settle this turn; next sweep retries");
+        }
+    }
+    Ok(report)
+}
+
+async fn sweep_turn(
+    bus: &Bus,
+    config: &Config,
+    turn: &TurnId,
+    report: &mut SweepReport,
+) -> Result<(), ApplyError> {
+    let Some(current) = turns::load(bus, turn).await? else {
+        // The dispatcher indexes a turn just before creating it: only an old entry is stale.
+        if let Ok(Some(entry)) = bus.live.entry(turn.as_str()).await {
+            if age(entry.created) > config.lease {
+                let _ = bus.live.purge(turn.as_str()).await;
+                report.cleaned += 1;
+            }
+        }
+        return Ok(());
+    };
+    let record = &current.record;
+    match record.state {
+        s if s.is_terminal() => {
+            // Ended, but its effects (Ended drops it from this index) did not all happen.
+            turns::run_outbox(bus, current.clone()).await?;
+            let _ = bus.live.purge(turn.as_str()).await;
+            report.cleaned += 1;
+        }
+        TurnState::Queued | TurnState::Running => {
+            check_attempt_alive(bus, config, record, report).await?;
+        }
+        TurnState::PendingRetry => {
+            check_retry_scheduled(bus, record, report).await?;
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
+fn age(created: impl Into<SystemTime>) -> Duration {
+    SystemTime::now()
+        .duration_since(created.into())
+        .unwrap_or_default()
+}
+
+async fn check_attempt_alive(
+    bus: &Bus,
+    config: &Config,
+    record: &TurnRecord,
+    report: &mut SweepReport,
+) -> Result<(), ApplyError> {
+    let turn = &record.turn;
+    let k = record.attempt;
+    let key = subjects::claim_key(turn, k);
+    let claim = bus
+        .claims
+        .entry(key.as_str())
+        .await
+        .map_err(|e| BusError::kv(format!("read claim {key}"), e))?;
+    let Some(claim) = claim.filter(|c| !c.value.is_empty()) else {
+        let waited = now().since(record.updated_at);
+        if record.state == TurnState::Queued && waited > QUEUED_LONG {
+            warn!(turn_id = %turn, attempt = k, waited = ?waited, "attempt queued far longer than expected: are runners up?");
+            report.queued_long += 1;
+        }
+        return Ok(());
+    };
+    let holder = decode_kv::<ClaimRecord>(&claim.value).map(|c| c.holder);
+    if matches!(holder, Ok(ClaimHolder::Cancelled)) {
+        return Ok(());
+    }
+    let lease = bus
+        .leases
+        .entry(key.as_str())
+        .await
+        .map_err(|e| BusError::kv(format!("read lease {key}"), e))?;
+    if lease.is_some_and(|l| !l.value.is_empty()) {
+        return Ok(());
+    }
+    // A fresh claim may not have its lease yet.
+    let claimed_at: SystemTime = claim.created.into();
+    if age(claimed_at) < config.lease {
+        return Ok(());
+    }
+    if exit_reported(bus, turn, k).await {
+        debug!(turn_id = %turn, attempt = k, "lease lapsed after the exit was reported; the event settles it");
+        return Ok(());
+    }
+    info!(turn_id = %turn, attempt = k, chat_id = %record.chat, "runner lease lapsed: declaring the attempt lost");
+    // Move the fence first: from here on nothing of the lost attempt can land, so the count below
+    // is final.
+    Publish::new(
+        bus.codec,
+        subjects::fence(turn),
+        &serde_json::json!({"v": FORMAT_VERSION, "turn": turn, "attempt": k, "lost": true}),
+    )?
+    .header(subjects::HDR_ATTEMPT, &k.to_string())
+    .send(&bus.js)
+    .await?;
+    let landed = count_landed(bus, record, k, claimed_at).await?;
+    let event = Event::Exited {
+        attempt: k,
+        report: ExitReport {
+            class: ExitClass::RunnerLost,
+            exit_code: None,
+            signal: None,
+            error: Some(format!(
+                "runner lease lapsed (no heartbeat for over {})",
+                humantime::format_duration(config.lease)
+            )),
+            messages_landed: landed,
+            ended_at: now(),
+        },
+    };
+    let applied = turns::apply_event(bus, turn, &event).await?;
+    turns::run_outbox(bus, applied.current().clone()).await?;
+    report.runner_lost += 1;
+    Ok(())
+}
+
+/// Is the attempt's exit already in the events stream (waiting to be applied)?
+async fn exit_reported(bus: &Bus, turn: &TurnId, attempt: u32) -> bool {
+    let Ok(stream) = bus.js.get_stream(subjects::STREAM_EVENTS).await else {
+        return false;
+    };
+    let Ok(last) = stream
+        .get_last_raw_message_by_subject(&subjects::events(turn))
+        .await
+    else {
+        return false;
+    };
+    matches!(
+        decode::<RunnerEvent>(Some(&last.headers), &last.payload),
+        Ok(RunnerEvent { attempt: a, kind: RunnerEventKind::Exited { .. }, .. }) if a == attempt
+    )
+}
+
+/// Bot messages of `attempt` stored on the chat's outbound subject since it was claimed.
+async fn count_landed(
+    bus: &Bus,
+    record: &TurnRecord,
+    attempt: u32,
+    since: SystemTime,
+) -> Result<u32, BusError> {
+    let stream = bus
+        .js
+        .get_stream(subjects::STREAM_CHAT_OUT)
+        .await
+        .map_err(|e| BusError::kv("open chat-out stream", e))?;
+    let start = since - Duration::from_secs(1);
+    let consumer: OrderedPullConsumer = stream
+        .create_consumer(async_nats::jetstream::consumer::pull::OrderedConfig {
+            filter_subject: subjects::chat_out(&record.chat),
+            deliver_policy: DeliverPolicy::ByStartTime {
+                start_time: start.into(),
+            },
+            ..Default::default()
+        })
+        .await
+        .map_err(|e| BusError::kv("scan chat-out", e))?;
+    let mut messages = consumer
+        .messages()
+        .await
+        .map_err(|e| BusError::kv("scan chat-out", e))?;
+    let attempt_s = attempt.to_string();
+    let mut landed = 0;
+    loop {
+        let next = tokio::time::timeout(Duration::from_secs(2), messages.next()).await;
+        let Ok(Some(Ok(m))) = next else { break };
+        let h = m.headers.as_ref();
+        if header_str(h, subjects::HDR_TURN) == Some(record.turn.as_str())
+            && header_str(h, subjects::HDR_ATTEMPT) == Some(attempt_s.as_str())
+            && header_str(h, subjects::HDR_KIND) == Some("message")
+        {
+            landed += 1;
+        }
+        if m.info().map(|i| i.pending == 0).unwrap_or(true) {
+            break;
+        }
+    }
+    Ok(landed)
+}
+
+async fn check_retry_scheduled(
+    bus: &Bus,
+    record: &TurnRecord,
+    report: &mut SweepReport,
+) -> Result<(), ApplyError> {
+    let turn = &record.turn;
+    let k = record.attempt;
+    // Claimed: a runner has it.
+    let key = subjects::claim_key(turn, k);
+    if let Ok(Some(c)) = bus.claims.entry(key.as_str()).await {
+        if !c.value.is_empty() {
+            return Ok(());
+        }
+    }
+    let stream = bus
+        .js
+        .get_stream(subjects::STREAM_WORK)
+        .await
+        .map_err(|e| BusError::kv("open work stream", e))?;
+    // Still scheduled.
+    if stream
+        .get_last_raw_message_by_subject(&subjects::work_schedule(turn, k))
+        .await
+        .is_ok()
+    {
+        return Ok(());
+    }
+    // Fired, waiting in the queue.
+    if let Ok(m) = stream
+        .get_last_raw_message_by_subject(&subjects::work_run(turn))
+        .await
+    {
+        if decode::<WorkItem>(Some(&m.headers), &m.payload).is_ok_and(|w| w.attempt == k) {
+            return Ok(());
+        }
+    }
+    // Owed and nowhere: the outbox must have lost it (e.g. cleared by a bug or a purge).
+    let due = record.next_attempt_due.unwrap_or_else(now);
+    warn!(turn_id = %turn, attempt = k, due = %due, "pending retry was not scheduled; scheduling it");
+    turns::execute(
+        bus,
+        record,
+        &Effect::DispatchAttempt {
+            attempt: k,
+            not_before: Some(due),
+        },
+    )
+    .await?;
+    report.rescheduled += 1;
+    Ok(())
+}
+
+/// Sweep now, then every `interval`, until cancelled.
+pub async fn run(
+    bus: Bus,
+    config: Config,
+    interval: Duration,
+    shutdown: tokio_util::sync::CancellationToken,
+) {
+    loop {
+        match sweep_once(&bus, &config).await {
+            Ok(r) if r.runner_lost + r.rescheduled + r.queued_long + r.cleaned > 0 => {
+                info!(?r, "sweep settled turns")
+            }
+            Ok(r) => debug!(?r, "sweep"),
+            Err(e) => warn!(error = %e, "sweep failed; retrying"),
+        }
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tokio::time::sleep(interval) => {}
+        }
+    }
+}

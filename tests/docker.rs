@@ -1,0 +1,343 @@
+//! The runner's Docker backend against the real Docker Engine and a real nats-server 2.15.1: each
+//! test runs one turn through the whole pipeline and asserts the exit report and what landed.
+//! Needs the test agent image: `bash deploy/build-images.sh` (tests/run.sh does it).
+//! Every container is labelled with the test's own runner id; each test checks none is left.
+
+use bollard::query_parameters::ListContainersOptionsBuilder;
+use bollard::Docker;
+use std::collections::HashMap;
+use std::process::{Child, Command};
+use std::time::{Duration, Instant};
+use turnpike_config::{Backend, ByteSize, Config};
+use turnpike_core::lifecycle::TurnState;
+use turnpike_core::texts;
+use turnpike_core::wire::{ExitClass, OutboundKind};
+use turnpike_jetstream::Bus;
+use turnpike_testkit::{eventually, NatsServer};
+use turnpike_tests::*;
+
+const T: Duration = Duration::from_secs(60);
+
+fn docker_config(server: &NatsServer, runner_id: &str) -> Config {
+    Config {
+        runner_backend: Backend::Docker,
+        agent_command: None,
+        agent_image: "turnpike-test-agent:latest".into(),
+        runner_id: Some(runner_id.into()),
+        memory_limit: ByteSize(128 << 20),
+        max_turn_retry: 1,
+        ..test_config(server, "unused")
+    }
+}
+
+async fn docker() -> Docker {
+    Docker::connect_with_local_defaults()
+        .expect("docker client")
+        .negotiate_version()
+        .await
+        .expect("the Docker Engine answers (these tests need it)")
+}
+
+/// Containers carrying this runner's label (all states).
+async fn containers_of(runner_id: &str) -> Vec<String> {
+    let filters: HashMap<&str, Vec<String>> =
+        HashMap::from([("label", vec![format!("turnpike.runner={runner_id}")])]);
+    docker()
+        .await
+        .list_containers(Some(
+            ListContainersOptionsBuilder::new()
+                .all(true)
+                .filters(&filters)
+                .build(),
+        ))
+        .await
+        .expect("list containers")
+        .into_iter()
+        .filter_map(|c| c.id)
+        .collect()
+}
+
+/// Run one message through dispatcher, coordinator and a Docker runner; return the ended record,
+/// the chat's outbound items, and check that no container is left behind.
+async fn run_one(
+    runner_id: &str,
+    text: &str,
+    tweak: impl FnOnce(&mut Config),
+) -> (
+    turnpike_core::TurnRecord,
+    Vec<turnpike_core::wire::OutboundItem>,
+) {
+    let server = NatsServer::start();
+    let mut config = docker_config(&server, runner_id);
+    tweak(&mut config);
+    let roles = [
+        start_dispatcher(&config).await,
+        start_coordinator(&config).await,
+        start_runner(&config).await,
+    ];
+    let bus = Bus::connect(&config, "test").await.expect("bus");
+    let turn = send(&bus, runner_id, "m-1", text).await;
+    let record = wait_ended(&bus, &turn, T).await;
+    let items = chat_items(&bus, runner_id).await;
+    for r in roles {
+        r.stop().await;
+    }
+    assert_eq!(
+        containers_of(runner_id).await,
+        Vec::<String>::new(),
+        "containers left behind"
+    );
+    (record, items)
+}
+
+fn class(record: &turnpike_core::TurnRecord, attempt: usize) -> ExitClass {
+    record.attempts[attempt]
+        .exit
+        .as_ref()
+        .map(|e| e.class)
+        .expect("attempt has an exit report")
+}
+
+#[tokio::test]
+async fn a_reply_lands_from_a_fresh_container() {
+    let (record, items) = run_one("dt-reply", "reply:from a container", |_| {}).await;
+    assert_eq!(record.state, TurnState::Done);
+    assert_eq!(class(&record, 0), ExitClass::Clean);
+    assert_eq!(items.len(), 1);
+    assert_eq!(items[0].text, "from a container");
+}
+
+#[tokio::test]
+async fn a_real_oom_kill_under_64mib_is_classified_oom() {
+    let enforced = docker()
+        .await
+        .info()
+        .await
+        .expect("docker info")
+        .memory_limit
+        .unwrap_or(false);
+    assert!(
+        enforced,
+        "this Docker Engine does not enforce memory limits (docker info: MemoryLimit=false); \
+         the OOM test cannot run here"
+    );
+    let (record, items) = run_one("dt-oom", "oom", |c| c.memory_limit = ByteSize(64 << 20)).await;
+    assert_eq!(class(&record, 0), ExitClass::OomKilled);
+    assert_eq!(record.state, TurnState::GaveUp);
+    assert_eq!(items.len(), 1, "{items:?}");
+    assert_eq!(items[0].kind, OutboundKind::Notice);
+    assert_eq!(items[0].text, texts::give_up_notice(1));
+}
+
+#[tokio::test]
+async fn the_run_time_limit_stops_a_hanging_agent() {
+    let (record, _) = run_one("dt-timeout", "hang", |c| {
+        c.run_timeout = Duration::from_secs(2);
+        c.stop_grace = Duration::from_secs(1);
+    })
+    .await;
+    assert_eq!(class(&record, 0), ExitClass::TimedOut);
+    assert_eq!(record.state, TurnState::GaveUp);
+}
+
+#[tokio::test]
+async fn a_partial_reply_then_crash_lands_and_is_not_retried() {
+    let (record, items) =
+        run_one("dt-partial", "crash-after-reply", |c| c.max_turn_retry = 3).await;
+    assert_eq!(class(&record, 0), ExitClass::Crashed);
+    assert_eq!(record.attempts.len(), 1, "never retried after a reply");
+    assert_eq!(record.attempts[0].messages_landed, 1);
+    assert_eq!(record.state, TurnState::Failed);
+    let kinds: Vec<_> = items.iter().map(|i| i.kind).collect();
+    assert_eq!(kinds, vec![OutboundKind::Message, OutboundKind::Notice]);
+    assert_eq!(items[1].text, texts::PLAIN_FAILURE_NOTICE);
+}
+
+#[tokio::test]
+async fn a_clean_agent_failure_is_failed_and_not_retried() {
+    let (record, items) = run_one("dt-fail", "fail", |c| c.max_turn_retry = 3).await;
+    assert_eq!(class(&record, 0), ExitClass::AgentFailed);
+    assert_eq!(record.attempts.len(), 1);
+    assert_eq!(record.state, TurnState::Failed);
+    assert_eq!(
+        items.last().map(|i| i.text.as_str()),
+        Some(texts::PLAIN_FAILURE_NOTICE)
+    );
+}
+
+#[tokio::test]
+async fn a_silent_clean_run_gets_the_silent_notice() {
+    let (record, items) = run_one("dt-silent", "silent", |c| c.max_turn_retry = 3).await;
+    assert_eq!(class(&record, 0), ExitClass::Clean);
+    assert_eq!(record.attempts.len(), 1);
+    assert_eq!(record.state, TurnState::Done);
+    assert_eq!(items.len(), 1);
+    assert_eq!(items[0].text, texts::SILENT_TURN_NOTICE);
+}
+
+#[tokio::test]
+async fn a_missing_image_could_not_start_and_flags_the_chat() {
+    let (record, items) = run_one("dt-noimage", "reply:never", |c| {
+        c.agent_image = "turnpike-no-such-image:absent".into();
+        c.max_turn_retry = 3;
+    })
+    .await;
+    assert_eq!(class(&record, 0), ExitClass::CouldNotStart);
+    let error = record.attempts[0]
+        .exit
+        .as_ref()
+        .and_then(|e| e.error.clone())
+        .unwrap_or_default();
+    assert!(error.contains("turnpike-no-such-image"), "{error}");
+    assert_eq!(
+        record.attempts.len(),
+        1,
+        "a retry cannot fix a missing image"
+    );
+    assert_eq!(record.state, TurnState::Failed);
+    assert!(record.chat_flagged);
+    assert_eq!(items.len(), 1);
+}
+
+#[tokio::test]
+async fn garbage_output_is_survived() {
+    let (record, items) = run_one("dt-garbage", "garbage", |_| {}).await;
+    assert_eq!(class(&record, 0), ExitClass::Clean);
+    assert_eq!(record.state, TurnState::Done);
+    assert_eq!(items.len(), 1, "only the valid message landed: {items:?}");
+    assert_eq!(items[0].text, "survived the garbage");
+}
+
+#[tokio::test]
+async fn an_operator_kill_stops_the_container_and_is_recorded_killed() {
+    let runner_id = "dt-kill";
+    let server = NatsServer::start();
+    let config = docker_config(&server, runner_id);
+    let roles = [
+        start_dispatcher(&config).await,
+        start_coordinator(&config).await,
+        start_runner(&config).await,
+    ];
+    let bus = Bus::connect(&config, "test").await.expect("bus");
+    let turn = send(&bus, runner_id, "m-1", "hang").await;
+    eventually(T, "attempt 1 running", || async {
+        let r = turnpike_jetstream::turns::load(&bus, &turn)
+            .await
+            .ok()
+            .flatten()?;
+        (r.record.state == TurnState::Running).then_some(())
+    })
+    .await;
+    // What the coordinator's ForwardKill effect sends.
+    bus.client
+        .publish(
+            turnpike_core::subjects::kill(&turn),
+            bytes::Bytes::from_static(b"1"),
+        )
+        .await
+        .expect("kill sent");
+    let record = wait_ended(&bus, &turn, T).await;
+    assert_eq!(class(&record, 0), ExitClass::OperatorKilled);
+    assert_eq!(record.state, TurnState::Killed);
+    assert!(record.notice.is_none());
+    assert!(
+        chat_items(&bus, runner_id).await.is_empty(),
+        "no notice for a kill"
+    );
+    for r in roles {
+        r.stop().await;
+    }
+    assert!(containers_of(runner_id).await.is_empty());
+}
+
+struct RunnerProcess(Child);
+
+impl RunnerProcess {
+    fn start(config: &Config) -> Self {
+        let child = Command::new(env!("CARGO_BIN_EXE_test-runner"))
+            .env("TURNPIKE_NATS_URL", &config.nats_url)
+            .env("TURNPIKE_RUNNER_BACKEND", "docker")
+            .env("TURNPIKE_AGENT_IMAGE", &config.agent_image)
+            .env(
+                "TURNPIKE_RUNNER_ID",
+                config.runner_id.as_deref().unwrap_or("x"),
+            )
+            .env("TURNPIKE_LEASE", format!("{}ms", config.lease.as_millis()))
+            .env(
+                "TURNPIKE_HEARTBEAT",
+                format!("{}ms", config.heartbeat.as_millis()),
+            )
+            .env("TURNPIKE_LOG", "warn")
+            .spawn()
+            .expect("start the runner process");
+        RunnerProcess(child)
+    }
+
+    fn kill9(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl Drop for RunnerProcess {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+#[tokio::test]
+async fn a_killed_runner_is_declared_lost_in_bounded_time_and_its_restart_reaps_the_orphan() {
+    let runner_id = "dt-lost";
+    let server = NatsServer::start();
+    let config = docker_config(&server, runner_id);
+    let roles = [
+        start_dispatcher(&config).await,
+        start_coordinator(&config).await,
+    ];
+    let bus = Bus::connect(&config, "test").await.expect("bus");
+    let mut runner = RunnerProcess::start(&config);
+    let turn = send(&bus, runner_id, "m-1", "hang").await;
+    eventually(T, "attempt 1 running", || async {
+        let r = turnpike_jetstream::turns::load(&bus, &turn)
+            .await
+            .ok()
+            .flatten()?;
+        (r.record.state == TurnState::Running).then_some(())
+    })
+    .await;
+    eventually(T, "its container", || async {
+        (!containers_of(runner_id).await.is_empty()).then_some(())
+    })
+    .await;
+    runner.kill9();
+    let killed_at = Instant::now();
+    let record = wait_ended(&bus, &turn, T).await;
+    let took = killed_at.elapsed();
+    assert_eq!(class(&record, 0), ExitClass::RunnerLost);
+    assert_eq!(record.state, TurnState::GaveUp, "N=1: no retry");
+    // The bound: lease (4 s here) + one sweep interval (1 s), with room for a busy machine.
+    assert!(
+        took < Duration::from_secs(30),
+        "declared lost after {took:?}"
+    );
+    // The dead runner's container is still there (nobody removed it) …
+    assert!(
+        !containers_of(runner_id).await.is_empty(),
+        "orphan expected"
+    );
+    // … until the runner starts again under the same id.
+    let mut restarted = RunnerProcess::start(&config);
+    eventually(T, "the orphan reaped", || async {
+        containers_of(runner_id).await.is_empty().then_some(())
+    })
+    .await;
+    // Its report of the orphan changes nothing: the turn had already ended.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let again = wait_ended(&bus, &turn, T).await;
+    assert_eq!(again.state, TurnState::GaveUp);
+    assert_eq!(again.attempts.len(), 1);
+    restarted.kill9();
+    for r in roles {
+        r.stop().await;
+    }
+}

@@ -12,6 +12,16 @@ use turnpike_core::{subjects, ChatId, TurnId, TurnRecord, FORMAT_VERSION};
 use turnpike_jetstream::{decode, turns, Bus, Publish};
 use turnpike_testkit::{eventually, NatsServer};
 
+/// Logs for a test run, when `RUST_LOG` asks for them (e.g. `RUST_LOG=info`).
+pub fn init_logs() {
+    if std::env::var_os("RUST_LOG").is_some() {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_test_writer()
+            .try_init();
+    }
+}
+
 /// A config for tests: the given server, the process backend running the test agent, short
 /// delays (tests that check the real values set their own).
 pub fn test_config(server: &NatsServer, agent: &str) -> Config {

@@ -43,6 +43,18 @@ async fn a_message_gets_a_reply_and_the_turn_is_done() {
     assert_eq!(items[0].text, "hello there");
     assert_eq!(items[0].turn, turn);
 
+    // The runner announces itself with its capacity.
+    let mut keys = bus.runners.keys().await.expect("runner keys");
+    let key = futures::StreamExt::next(&mut keys)
+        .await
+        .expect("one runner present")
+        .expect("key");
+    let presence: turnpike_core::wire::RunnerPresence =
+        turnpike_jetstream::decode_kv(&bus.runners.get(&key).await.expect("get").expect("value"))
+            .expect("presence decodes");
+    assert_eq!(presence.slots, config.runner_slots);
+    assert_eq!(presence.backend, "process");
+
     // The live index no longer holds the ended turn.
     assert!(bus
         .live

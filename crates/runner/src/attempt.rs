@@ -292,10 +292,15 @@ async fn run(inner: Arc<Inner>, msg: async_nats::jetstream::Message, work: WorkI
     drain.abort();
 
     let class = classify(&raw, lander.verdict, lander.any_output);
+    // Record who stopped the run, when the runner did.
+    let stopped = raw
+        .stopped_by
+        .map(|why| format!("stopped by the runner: {why:?}"));
     let error = raw
         .start_error
         .clone()
         .or(raw.engine_error.clone())
+        .or(stopped)
         .or(lander.verdict_error.clone());
     info!(?class, exit_code = ?raw.exit_code, signal = ?raw.signal, landed = lander.landed, "attempt ended");
     report_exit(

@@ -148,3 +148,82 @@ where
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// A loopback TCP proxy that a test can cut and restore, to cut a client off from its server
+/// for real (the client sees its connection drop and reconnects when restored).
+pub struct CutProxy {
+    port: u16,
+    state: std::sync::Arc<ProxyState>,
+    accept: tokio::task::JoinHandle<()>,
+}
+
+#[derive(Default)]
+struct ProxyState {
+    cut: std::sync::atomic::AtomicBool,
+    conns: std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>,
+}
+
+impl CutProxy {
+    pub async fn start(upstream_port: u16) -> CutProxy {
+        use std::sync::atomic::Ordering;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind the proxy");
+        let port = listener.local_addr().expect("proxy address").port();
+        let state = std::sync::Arc::new(ProxyState::default());
+        let st = state.clone();
+        let accept = tokio::spawn(async move {
+            while let Ok((mut inbound, _)) = listener.accept().await {
+                if st.cut.load(Ordering::SeqCst) {
+                    drop(inbound);
+                    continue;
+                }
+                let conn = tokio::spawn(async move {
+                    if let Ok(mut upstream) =
+                        tokio::net::TcpStream::connect(("127.0.0.1", upstream_port)).await
+                    {
+                        let _ = tokio::io::copy_bidirectional(&mut inbound, &mut upstream).await;
+                    }
+                });
+                if let Ok(mut conns) = st.conns.lock() {
+                    conns.retain(|c| !c.is_finished());
+                    conns.push(conn);
+                }
+            }
+        });
+        CutProxy {
+            port,
+            state,
+            accept,
+        }
+    }
+
+    pub fn url(&self) -> String {
+        format!("nats://127.0.0.1:{}", self.port)
+    }
+
+    /// Drop every connection through the proxy and refuse new ones.
+    pub fn cut(&self) {
+        self.state
+            .cut
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        if let Ok(mut conns) = self.state.conns.lock() {
+            for c in conns.drain(..) {
+                c.abort();
+            }
+        }
+    }
+
+    pub fn restore(&self) {
+        self.state
+            .cut
+            .store(false, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+impl Drop for CutProxy {
+    fn drop(&mut self) {
+        self.cut();
+        self.accept.abort();
+    }
+}

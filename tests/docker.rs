@@ -341,3 +341,90 @@ async fn a_killed_runner_is_declared_lost_in_bounded_time_and_its_restart_reaps_
         r.stop().await;
     }
 }
+
+#[tokio::test]
+async fn a_docker_kill_by_someone_else_is_a_signal_death_not_ours() {
+    let runner_id = "dt-sigkill";
+    let server = NatsServer::start();
+    let config = docker_config(&server, runner_id);
+    let roles = [
+        start_dispatcher(&config).await,
+        start_coordinator(&config).await,
+        start_runner(&config).await,
+    ];
+    let bus = Bus::connect(&config, "test").await.expect("bus");
+    let turn = send(&bus, runner_id, "m-1", "hang").await;
+    let id = eventually(T, "its container", || async {
+        containers_of(runner_id).await.into_iter().next()
+    })
+    .await;
+    eventually(T, "attempt 1 running", || async {
+        let r = turnpike_jetstream::turns::load(&bus, &turn)
+            .await
+            .ok()
+            .flatten()?;
+        (r.record.state == TurnState::Running).then_some(())
+    })
+    .await;
+    // Someone else's `docker kill` (SIGKILL, exit 137): nobody in Turnpike asked for it.
+    docker()
+        .await
+        .kill_container(&id, None::<bollard::query_parameters::KillContainerOptions>)
+        .await
+        .expect("docker kill");
+    let record = wait_ended(&bus, &turn, T).await;
+    assert_eq!(class(&record, 0), ExitClass::Signaled);
+    assert_eq!(
+        record.attempts[0].exit.as_ref().and_then(|e| e.exit_code),
+        Some(137)
+    );
+    assert_eq!(record.state, TurnState::GaveUp, "a death; N=1 so no retry");
+    for r in roles {
+        r.stop().await;
+    }
+    assert!(containers_of(runner_id).await.is_empty());
+}
+
+#[tokio::test]
+async fn attachments_are_copied_into_the_container() {
+    let runner_id = "dt-attach";
+    let server = NatsServer::start();
+    let config = docker_config(&server, runner_id);
+    let roles = [
+        start_dispatcher(&config).await,
+        start_coordinator(&config).await,
+        start_runner(&config).await,
+    ];
+    let bus = Bus::connect(&config, "test").await.expect("bus");
+    let content: Vec<u8> = (0..=255u8).cycle().take(70_000).collect();
+    let mut reader: &[u8] = &content;
+    bus.attachments
+        .put("dt-attach/m-1/data.bin", &mut reader)
+        .await
+        .expect("upload");
+    let turn = send_with_attachment(
+        &bus,
+        runner_id,
+        "m-1",
+        "attachments",
+        "../../data.bin",
+        "dt-attach/m-1/data.bin",
+    )
+    .await;
+    let record = wait_ended(&bus, &turn, T).await;
+    assert_eq!(record.state, TurnState::Done);
+    let items = chat_items(&bus, runner_id).await;
+    assert_eq!(items.len(), 1);
+    assert_eq!(
+        items[0].text,
+        format!(
+            "/turnpike/attachments/data.bin {} {}",
+            content.len(),
+            fnv1a(&content)
+        )
+    );
+    for r in roles {
+        r.stop().await;
+    }
+    assert!(containers_of(runner_id).await.is_empty());
+}

@@ -116,6 +116,38 @@ pub async fn send(bus: &Bus, chat: &str, id: &str, text: &str) -> TurnId {
     TurnId::for_message(&chat, id)
 }
 
+pub use turnpike_test_agent::fnv1a;
+
+/// Publish an inbound message with one attachment (already uploaded under `object`).
+pub async fn send_with_attachment(
+    bus: &Bus,
+    chat: &str,
+    id: &str,
+    text: &str,
+    name: &str,
+    object: &str,
+) -> TurnId {
+    let chat = ChatId::new(chat).expect("valid chat");
+    let msg = InboundMessage {
+        v: FORMAT_VERSION,
+        id: id.to_owned(),
+        chat: chat.clone(),
+        text: text.to_owned(),
+        sender: Some("tester".into()),
+        attachments: vec![turnpike_core::wire::Attachment {
+            name: name.to_owned(),
+            object: object.to_owned(),
+        }],
+    };
+    Publish::new(bus.codec, subjects::chat_in(&chat), &msg)
+        .expect("encodes")
+        .msg_id(id)
+        .send(&bus.js)
+        .await
+        .expect("inbound accepted");
+    TurnId::for_message(&chat, id)
+}
+
 /// Wait until the turn is terminal with its effects carried out.
 pub async fn wait_ended(bus: &Bus, turn: &TurnId, timeout: Duration) -> TurnRecord {
     eventually(timeout, &format!("turn {turn} to end"), || async {

@@ -25,8 +25,18 @@ echo "using $("$nats" --version) at $nats"
 # The Docker tests need the test agent image (built locally, FROM scratch, no registry).
 bash deploy/build-images.sh
 
+status=0
 if command -v cargo-nextest >/dev/null 2>&1; then
-  cargo nextest run --workspace --no-fail-fast "$@"
+  cargo nextest run --workspace --no-fail-fast "$@" || status=$?
 else
-  cargo test --workspace --no-fail-fast "$@"
+  cargo test --workspace --no-fail-fast "$@" || status=$?
 fi
+
+# After the suite, no container of the test runners (ids dt-*) may be left.
+left=$(docker ps -a --filter label=turnpike.managed --format '{{.Names}}' | grep '^turnpike-dt-' || true)
+if [ -n "$left" ]; then
+  echo "containers left behind by the tests:" >&2
+  echo "$left" >&2
+  status=1
+fi
+exit "$status"

@@ -15,6 +15,7 @@
 //! | `status:<n>` | sends n status lines, then replies |
 //! | `garbage` | prints invalid and oversize lines, then replies |
 //! | `flood:<n>` | sends n messages |
+//! | `attachments` | replies, per attachment, its path, size and FNV-1a hash (tests check bytes) |
 //! | anything else | echoes the text back |
 //!
 //! The modifier `show-prompt` anywhere in the text makes replies quote the prompt the agent got
@@ -54,6 +55,16 @@ fn status(text: &str) {
 
 fn result_ok() {
     emit(json!({"type": "result", "status": "ok"}));
+}
+
+/// FNV-1a, 64 bit, as hex: enough to tell bytes apart in a test.
+pub fn fnv1a(bytes: &[u8]) -> String {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in bytes {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    format!("{h:016x}")
 }
 
 fn hang() -> ! {
@@ -176,6 +187,17 @@ pub fn run() -> ! {
             ));
             raw_line("");
             reply("survived the garbage");
+            result_ok();
+        }
+        "attachments" => {
+            let mut lines = Vec::new();
+            for path in &input.attachments {
+                match std::fs::read(path) {
+                    Ok(bytes) => lines.push(format!("{path} {} {}", bytes.len(), fnv1a(&bytes))),
+                    Err(e) => lines.push(format!("{path} unreadable: {e}")),
+                }
+            }
+            reply(&lines.join("\n"));
             result_ok();
         }
         "flood" => {

@@ -1,0 +1,103 @@
+//! The runner with the process backend: truthful classification without a cgroup, and draining
+//! on shutdown.
+
+use std::time::Duration;
+use turnpike_config::ByteSize;
+use turnpike_core::lifecycle::TurnState;
+use turnpike_core::wire::ExitClass;
+use turnpike_jetstream::Bus;
+use turnpike_testkit::{eventually, NatsServer};
+use turnpike_tests::*;
+
+const AGENT: &str = env!("CARGO_BIN_EXE_test-agent");
+const T: Duration = Duration::from_secs(30);
+
+async fn running(bus: &Bus, turn: &turnpike_core::TurnId) {
+    eventually(T, "attempt running", || async {
+        let r = turnpike_jetstream::turns::load(bus, turn)
+            .await
+            .ok()
+            .flatten()?;
+        (r.record.state == TurnState::Running).then_some(())
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn an_allocation_failure_under_rlimit_is_the_agents_crash_not_an_oom_kill() {
+    let server = NatsServer::start();
+    let config = turnpike_config::Config {
+        memory_limit: ByteSize(64 << 20),
+        max_turn_retry: 1,
+        ..test_config(&server, AGENT)
+    };
+    let roles = [
+        start_dispatcher(&config).await,
+        start_coordinator(&config).await,
+        start_runner(&config).await,
+    ];
+    let bus = Bus::connect(&config, "test").await.expect("bus");
+    let turn = send(&bus, "chat-p", "m-1", "oom").await;
+    let record = wait_ended(&bus, &turn, T).await;
+    let exit = record.attempts[0].exit.clone().expect("exit report");
+    // Rust aborts on a failed allocation: SIGABRT, reported as a signal death.
+    assert_eq!(exit.class, ExitClass::Signaled, "{exit:?}");
+    assert_eq!(exit.signal, Some(6), "{exit:?}");
+    assert_eq!(record.state, TurnState::GaveUp);
+    for r in roles {
+        r.stop().await;
+    }
+}
+
+#[tokio::test]
+async fn a_draining_runner_lets_running_attempts_finish() {
+    let server = NatsServer::start();
+    let config = turnpike_config::Config {
+        stop_grace: Duration::from_secs(10),
+        ..test_config(&server, AGENT)
+    };
+    let roles = [
+        start_dispatcher(&config).await,
+        start_coordinator(&config).await,
+    ];
+    let runner = start_runner(&config).await;
+    let bus = Bus::connect(&config, "test").await.expect("bus");
+    let turn = send(&bus, "chat-q", "m-1", "sleep:1").await;
+    running(&bus, &turn).await;
+    runner.stop().await; // SIGTERM-equivalent: returns once the attempt reported
+    let record = wait_ended(&bus, &turn, T).await;
+    assert_eq!(record.state, TurnState::Done);
+    assert_eq!(record.attempts.len(), 1);
+    for r in roles {
+        r.stop().await;
+    }
+}
+
+#[tokio::test]
+async fn past_the_drain_grace_attempts_are_killed_reported_and_retried_elsewhere() {
+    let server = NatsServer::start();
+    let config = turnpike_config::Config {
+        stop_grace: Duration::from_secs(1),
+        ..test_config(&server, AGENT)
+    };
+    let roles = [
+        start_dispatcher(&config).await,
+        start_coordinator(&config).await,
+    ];
+    let first = start_runner(&config).await;
+    let bus = Bus::connect(&config, "test").await.expect("bus");
+    let turn = send(&bus, "chat-r", "m-1", "hang-until:2").await;
+    running(&bus, &turn).await;
+    first.stop().await;
+    let second = start_runner(&config).await;
+    let record = wait_ended(&bus, &turn, T).await;
+    assert_eq!(record.state, TurnState::Done);
+    assert_eq!(record.attempts.len(), 2);
+    let exit = record.attempts[0].exit.clone().expect("exit report");
+    assert_eq!(exit.class, ExitClass::RunnerLost, "{exit:?}");
+    assert!(exit.error.unwrap_or_default().contains("Drain"));
+    second.stop().await;
+    for r in roles {
+        r.stop().await;
+    }
+}

@@ -6,7 +6,6 @@
 use bollard::query_parameters::ListContainersOptionsBuilder;
 use bollard::Docker;
 use std::collections::HashMap;
-use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 use turnpike_config::{Backend, ByteSize, Config};
 use turnpike_core::lifecycle::TurnState;
@@ -250,41 +249,6 @@ async fn an_operator_kill_stops_the_container_and_is_recorded_killed() {
     assert!(containers_of(runner_id).await.is_empty());
 }
 
-struct RunnerProcess(Child);
-
-impl RunnerProcess {
-    fn start(config: &Config) -> Self {
-        let child = Command::new(env!("CARGO_BIN_EXE_test-runner"))
-            .env("TURNPIKE_NATS_URL", &config.nats_url)
-            .env("TURNPIKE_RUNNER_BACKEND", "docker")
-            .env("TURNPIKE_AGENT_IMAGE", &config.agent_image)
-            .env(
-                "TURNPIKE_RUNNER_ID",
-                config.runner_id.as_deref().unwrap_or("x"),
-            )
-            .env("TURNPIKE_LEASE", format!("{}ms", config.lease.as_millis()))
-            .env(
-                "TURNPIKE_HEARTBEAT",
-                format!("{}ms", config.heartbeat.as_millis()),
-            )
-            .env("TURNPIKE_LOG", "warn")
-            .spawn()
-            .expect("start the runner process");
-        RunnerProcess(child)
-    }
-
-    fn kill9(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-impl Drop for RunnerProcess {
-    fn drop(&mut self) {
-        self.kill9();
-    }
-}
-
 #[tokio::test]
 async fn a_killed_runner_is_declared_lost_in_bounded_time_and_its_restart_reaps_the_orphan() {
     let runner_id = "dt-lost";
@@ -295,7 +259,7 @@ async fn a_killed_runner_is_declared_lost_in_bounded_time_and_its_restart_reaps_
         start_coordinator(&config).await,
     ];
     let bus = Bus::connect(&config, "test").await.expect("bus");
-    let mut runner = RunnerProcess::start(&config);
+    let mut runner = RoleProcess::start(env!("CARGO_BIN_EXE_test-role"), "runner", &config);
     let turn = send(&bus, runner_id, "m-1", "hang").await;
     eventually(T, "attempt 1 running", || async {
         let r = turnpike_jetstream::turns::load(&bus, &turn)
@@ -326,7 +290,7 @@ async fn a_killed_runner_is_declared_lost_in_bounded_time_and_its_restart_reaps_
         "orphan expected"
     );
     // … until the runner starts again under the same id.
-    let mut restarted = RunnerProcess::start(&config);
+    let mut restarted = RoleProcess::start(env!("CARGO_BIN_EXE_test-role"), "runner", &config);
     eventually(T, "the orphan reaped", || async {
         containers_of(runner_id).await.is_empty().then_some(())
     })

@@ -118,6 +118,63 @@ pub async fn send(bus: &Bus, chat: &str, id: &str, text: &str) -> TurnId {
 
 pub use turnpike_test_agent::fnv1a;
 
+/// A role in its own process (the `test-role` binary), killed -9 on drop.
+pub struct RoleProcess(std::process::Child);
+
+impl RoleProcess {
+    /// `role` is `runner` or `coordinator`; the config reaches it through the environment.
+    pub fn start(bin: &str, role: &str, config: &Config) -> Self {
+        let mut cmd = std::process::Command::new(bin);
+        cmd.arg(role)
+            .env("TURNPIKE_NATS_URL", &config.nats_url)
+            .env("TURNPIKE_RUNNER_BACKEND", config.runner_backend.to_string())
+            .env("TURNPIKE_AGENT_IMAGE", &config.agent_image)
+            .env("TURNPIKE_LEASE", format!("{}ms", config.lease.as_millis()))
+            .env(
+                "TURNPIKE_HEARTBEAT",
+                format!("{}ms", config.heartbeat.as_millis()),
+            )
+            .env(
+                "TURNPIKE_RETRY_DELAY",
+                format!("{}ms", config.retry_delay.as_millis()),
+            )
+            .env("MAX_TURN_RETRY", config.max_turn_retry.to_string())
+            .env("TURNPIKE_LOG", "warn");
+        if let Some(id) = &config.runner_id {
+            cmd.env("TURNPIKE_RUNNER_ID", id);
+        }
+        if let Some(c) = &config.agent_command {
+            cmd.env("TURNPIKE_AGENT_COMMAND", c);
+        }
+        RoleProcess(cmd.spawn().expect("start the role process"))
+    }
+
+    pub fn kill9(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl Drop for RoleProcess {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+/// Ask the coordinators for an operator action.
+pub async fn ops(
+    bus: &Bus,
+    subject: &str,
+    req: serde_json::Value,
+) -> turnpike_core::wire::OpsReply {
+    let reply = bus
+        .client
+        .request(subject.to_owned(), bytes::Bytes::from(req.to_string()))
+        .await
+        .expect("a coordinator answers");
+    serde_json::from_slice(&reply.payload).expect("an ops reply")
+}
+
 /// Publish an inbound message with one attachment (already uploaded under `object`).
 pub async fn send_with_attachment(
     bus: &Bus,

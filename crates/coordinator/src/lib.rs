@@ -21,11 +21,16 @@ use turnpike_jetstream::{dead_letter, decode, Bus, BusError};
 /// Events applied at once by one coordinator (events of one turn may race; CAS sorts them out).
 const IN_FLIGHT: usize = 32;
 
+pub mod counters;
+pub mod ops;
 pub mod sweep;
+
+pub use counters::{Counters, CountersSnapshot};
 
 pub struct Coordinator {
     bus: Bus,
     config: Config,
+    counters: Arc<Counters>,
 }
 
 impl Coordinator {
@@ -33,7 +38,12 @@ impl Coordinator {
         Coordinator {
             bus,
             config: config.clone(),
+            counters: Arc::new(Counters::default()),
         }
+    }
+
+    pub fn counters(&self) -> Arc<Counters> {
+        self.counters.clone()
     }
 
     pub async fn run(self, shutdown: CancellationToken) -> Result<(), BusError> {
@@ -51,9 +61,23 @@ impl Coordinator {
         let sweeper = tokio::spawn(sweep::run(
             self.bus.clone(),
             self.config.clone(),
+            self.counters.clone(),
             self.config.heartbeat,
             shutdown.clone(),
         ));
+        let ops = {
+            let (bus, config, counters, token) = (
+                self.bus.clone(),
+                self.config.clone(),
+                self.counters.clone(),
+                shutdown.clone(),
+            );
+            tokio::spawn(async move {
+                if let Err(e) = ops::serve(bus, config, counters, token).await {
+                    warn!(error = %e, "operator service stopped");
+                }
+            })
+        };
         let slots = Arc::new(Semaphore::new(IN_FLIGHT));
         let mut tasks = tokio::task::JoinSet::new();
         'outer: while !shutdown.is_cancelled() {
@@ -88,8 +112,9 @@ impl Coordinator {
                             break 'outer;
                         };
                         let bus = self.bus.clone();
+                        let counters = self.counters.clone();
                         tasks.spawn(async move {
-                            handle(&bus, msg).await;
+                            handle(&bus, &counters, msg).await;
                             drop(permit);
                         });
                         while tasks.try_join_next().is_some() {}
@@ -99,6 +124,7 @@ impl Coordinator {
         }
         while tasks.join_next().await.is_some() {}
         let _ = sweeper.await;
+        let _ = ops.await;
         info!("coordinator stopped");
         Ok(())
     }
@@ -124,7 +150,7 @@ fn lifecycle_event(ev: &RunnerEvent) -> Option<Event> {
     })
 }
 
-async fn handle(bus: &Bus, msg: async_nats::jetstream::Message) {
+async fn handle(bus: &Bus, counters: &Counters, msg: async_nats::jetstream::Message) {
     let ev: RunnerEvent = match decode(msg.headers.as_ref(), &msg.payload) {
         Ok(ev) => ev,
         Err(e) => {
@@ -137,6 +163,7 @@ async fn handle(bus: &Bus, msg: async_nats::jetstream::Message) {
                 msg.payload.clone(),
             )
             .await;
+            counters.dead_lettered();
             let _ = msg.ack().await;
             return;
         }
@@ -161,7 +188,7 @@ async fn handle(bus: &Bus, msg: async_nats::jetstream::Message) {
             let _ = msg.ack().await;
             return;
         };
-        match apply(bus, &ev, &event).await {
+        match apply(bus, counters, &ev, &event).await {
             Ok(()) => {
                 let _ = msg.ack().await;
             }
@@ -190,15 +217,23 @@ async fn handle(bus: &Bus, msg: async_nats::jetstream::Message) {
     .await
 }
 
-async fn apply(bus: &Bus, ev: &RunnerEvent, event: &Event) -> Result<(), ApplyError> {
+async fn apply(
+    bus: &Bus,
+    counters: &Counters,
+    ev: &RunnerEvent,
+    event: &Event,
+) -> Result<(), ApplyError> {
     let applied = turns::apply_event(bus, &ev.turn, event).await?;
     let current = match applied {
-        Applied::Changed(v) => {
-            info!(state = %v.record.state, retry_count = v.record.retry_count, "turn updated");
-            v
+        Applied::Changed { current, effects } => {
+            info!(state = %current.record.state, retry_count = current.record.retry_count, "turn updated");
+            counters.applied(true);
+            counters.effects(&effects);
+            current
         }
         Applied::Unchanged(why, v) => {
             debug!(?why, "event changed nothing");
+            counters.applied(false);
             v
         }
     };

@@ -6,6 +6,7 @@
 //! - a pending retry whose next attempt is neither scheduled, queued nor claimed is scheduled again;
 //! - effects left in an ended turn's outbox are carried out, and the turn leaves the index.
 
+use crate::Counters;
 use async_nats::jetstream::consumer::{DeliverPolicy, OrderedPullConsumer};
 use futures::StreamExt;
 use std::time::{Duration, SystemTime};
@@ -33,7 +34,11 @@ pub struct SweepReport {
 /// An attempt published this long ago and still unclaimed is reported (never silently lost).
 const QUEUED_LONG: Duration = Duration::from_secs(300);
 
-pub async fn sweep_once(bus: &Bus, config: &Config) -> Result<SweepReport, BusError> {
+pub async fn sweep_once(
+    bus: &Bus,
+    config: &Config,
+    counters: &Counters,
+) -> Result<SweepReport, BusError> {
     let mut report = SweepReport::default();
     let mut keys = bus
         .live
@@ -53,7 +58,7 @@ pub async fn sweep_once(bus: &Bus, config: &Config) -> Result<SweepReport, BusEr
             let _ = bus.live.purge(&key).await;
             continue;
         };
-        if let Err(e) = sweep_turn(bus, config, &turn, &mut report).await {
+        if let Err(e) = sweep_turn(bus, config, counters, &turn, &mut report).await {
             warn!(turn_id = %turn, error = %e, "sweep could not settle this turn; next sweep retries");
         }
     }
@@ -63,6 +68,7 @@ pub async fn sweep_once(bus: &Bus, config: &Config) -> Result<SweepReport, BusEr
 async fn sweep_turn(
     bus: &Bus,
     config: &Config,
+    counters: &Counters,
     turn: &TurnId,
     report: &mut SweepReport,
 ) -> Result<(), ApplyError> {
@@ -85,7 +91,7 @@ async fn sweep_turn(
             report.cleaned += 1;
         }
         TurnState::Queued | TurnState::Running => {
-            check_attempt_alive(bus, config, record, report).await?;
+            check_attempt_alive(bus, config, counters, record, report).await?;
         }
         TurnState::PendingRetry => {
             check_retry_scheduled(bus, record, report).await?;
@@ -104,6 +110,7 @@ fn age(created: impl Into<SystemTime>) -> Duration {
 async fn check_attempt_alive(
     bus: &Bus,
     config: &Config,
+    counters: &Counters,
     record: &TurnRecord,
     report: &mut SweepReport,
 ) -> Result<(), ApplyError> {
@@ -120,6 +127,7 @@ async fn check_attempt_alive(
         if record.state == TurnState::Queued && waited > QUEUED_LONG {
             warn!(turn_id = %turn, attempt = k, waited = ?waited, "attempt queued far longer than expected: are runners up?");
             report.queued_long += 1;
+            counters.queued_long();
         }
         return Ok(());
     };
@@ -171,6 +179,10 @@ async fn check_attempt_alive(
         },
     };
     let applied = turns::apply_event(bus, turn, &event).await?;
+    if let turns::Applied::Changed { effects, .. } = &applied {
+        counters.runner_lost();
+        counters.effects(effects);
+    }
     turns::run_outbox(bus, applied.current().clone()).await?;
     report.runner_lost += 1;
     Ok(())
@@ -295,11 +307,12 @@ async fn check_retry_scheduled(
 pub async fn run(
     bus: Bus,
     config: Config,
+    counters: std::sync::Arc<Counters>,
     interval: Duration,
     shutdown: tokio_util::sync::CancellationToken,
 ) {
     loop {
-        match sweep_once(&bus, &config).await {
+        match sweep_once(&bus, &config, &counters).await {
             Ok(r) if r.runner_lost + r.rescheduled + r.queued_long + r.cleaned > 0 => {
                 info!(?r, "sweep settled turns")
             }

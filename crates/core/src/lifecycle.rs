@@ -204,6 +204,9 @@ pub struct TurnRecord {
     pub chat_flagged: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rerun_of: Option<TurnId>,
+    /// Set when an operator created the turn (a re-run): who and when.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub created_by: Option<OperatorAction>,
     /// Effects decided but not yet confirmed carried out (transactional outbox). A shell that finds
     /// effects here carries them out again; each is idempotent by its dedup id.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -309,6 +312,8 @@ pub struct NewTurn {
     pub max_turn_retry: u32,
     pub retry_delay: Duration,
     pub rerun_of: Option<TurnId>,
+    /// The operator who asked for this turn (re-runs).
+    pub created_by: Option<OperatorAction>,
     /// False when the chat has a live turn: the new one waits for [`Event::Admitted`].
     pub admit_now: bool,
 }
@@ -337,6 +342,7 @@ pub fn create(new: NewTurn, now: Timestamp) -> (TurnRecord, Vec<Effect>) {
         notice: None,
         chat_flagged: false,
         rerun_of: new.rerun_of,
+        created_by: new.created_by,
         outbox: Vec::new(),
     };
     let effects = if new.admit_now {

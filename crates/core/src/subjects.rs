@@ -43,6 +43,13 @@ pub const HDR_KIND: &str = "Turnpike-Kind";
 pub const HDR_DEAD_REASON: &str = "Turnpike-Dead-Reason";
 pub const HDR_DEAD_SOURCE: &str = "Turnpike-Dead-Source";
 
+// Operator requests, served by the coordinators (NATS service `turnpike-coordinator`).
+pub const OPS_KILL: &str = "turnpike.ops.kill";
+pub const OPS_CLEAR: &str = "turnpike.ops.clear";
+pub const OPS_RERUN: &str = "turnpike.ops.rerun";
+pub const OPS_STATS: &str = "turnpike.ops.stats";
+pub const OPS_SERVICE: &str = "turnpike-coordinator";
+
 pub fn chat_in(chat: &ChatId) -> String {
     format!("{PREFIX}.chat.in.{chat}")
 }

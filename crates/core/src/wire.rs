@@ -27,6 +27,8 @@ macro_rules! versioned {
 }
 
 versioned!(
+    OpsRequest,
+    OpsReply,
     InboundMessage,
     WorkItem,
     AgentInput,
@@ -271,6 +273,33 @@ pub struct OutboundItem {
     /// On the last status item of a turn.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub r#final: bool,
+}
+
+/// An operator's request to the coordinators (`turnpike.ops.*`): `turn` for kill and rerun,
+/// `chat` for clear; `by` names the operator for the record.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OpsRequest {
+    #[serde(default = "v1")]
+    pub v: u16,
+    pub by: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub turn: Option<TurnId>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chat: Option<ChatId>,
+}
+
+/// The coordinators' answer to an [`OpsRequest`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OpsReply {
+    #[serde(default = "v1")]
+    pub v: u16,
+    pub ok: bool,
+    pub message: String,
+    /// The turn acted on (for rerun: the new turn).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub turn: Option<TurnId>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state: Option<String>,
 }
 
 /// Who did an operator action, and when.

@@ -147,6 +147,7 @@ impl Dispatcher {
                 max_turn_retry: self.config.max_turn_retry,
                 retry_delay: self.config.retry_delay,
                 rerun_of: None,
+                created_by: None,
                 admit_now: true,
             },
             now(),

@@ -35,14 +35,18 @@ pub enum ApplyError {
 /// What applying an event did.
 #[derive(Debug)]
 pub enum Applied {
-    Changed(Versioned),
+    /// The record changed; `effects` are the ones this event added to the outbox.
+    Changed {
+        current: Versioned,
+        effects: Vec<Effect>,
+    },
     Unchanged(Unchanged, Versioned),
 }
 
 impl Applied {
     pub fn current(&self) -> &Versioned {
         match self {
-            Applied::Changed(v) | Applied::Unchanged(_, v) => v,
+            Applied::Changed { current, .. } | Applied::Unchanged(_, current) => current,
         }
     }
 }
@@ -103,13 +107,18 @@ pub async fn apply_event(bus: &Bus, turn: &TurnId, event: &Event) -> Result<Appl
             Step::Unchanged(why) => return Ok(Applied::Unchanged(why, current)),
             Step::Changed { record, effects } => {
                 let mut record = *record;
-                record.outbox.extend(effects);
+                record.outbox.extend(effects.iter().cloned());
                 match bus
                     .turns
                     .update(turn.as_str(), encode(bus, &record)?, current.revision)
                     .await
                 {
-                    Ok(revision) => return Ok(Applied::Changed(Versioned { record, revision })),
+                    Ok(revision) => {
+                        return Ok(Applied::Changed {
+                            current: Versioned { record, revision },
+                            effects,
+                        })
+                    }
                     Err(e) if e.kind() == UpdateErrorKind::WrongLastRevision => {
                         debug!(%turn, "turn record changed under us; re-reading");
                         continue;

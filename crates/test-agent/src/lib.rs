@@ -18,8 +18,8 @@
 //! | `attachments` | replies, per attachment, its path, size and FNV-1a hash (tests check bytes) |
 //! | anything else | echoes the text back |
 //!
-//! The modifier `show-prompt` anywhere in the text makes replies quote the prompt the agent got
-//! (tests read the retry preamble that way).
+//! The modifier `show-prompt` anywhere in the text makes the agent send its prompt as a status
+//! line first and quote it in replies (tests read the retry preamble that way).
 
 use serde_json::json;
 use std::io::{Read, Write};
@@ -93,6 +93,10 @@ pub fn run() -> ! {
     );
     let text = input.message.text.trim().to_owned();
     let show_prompt = text.split_whitespace().any(|w| w == "show-prompt");
+    if show_prompt {
+        // Visible even on attempts that then die: status lines never count as a reply.
+        status(&format!("prompt: {}", input.prompt));
+    }
     let reply = |body: &str| {
         if show_prompt {
             message(&format!("{body} | prompt: {}", input.prompt));

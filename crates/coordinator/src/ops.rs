@@ -1,0 +1,300 @@
+//! Operator actions, served by every coordinator through the NATS service API (service
+//! `turnpike-coordinator`, queue group `q`, so one coordinator answers each request):
+//! `turnpike.ops.kill`, `turnpike.ops.clear`, `turnpike.ops.rerun`, `turnpike.ops.stats`.
+//! Every action is recorded with who and when in the turn or chat record.
+
+use crate::counters::{Counters, CountersSnapshot};
+use async_nats::jetstream::kv::UpdateErrorKind;
+use async_nats::service::ServiceExt;
+use bytes::Bytes;
+use futures::StreamExt;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+use turnpike_config::Config;
+use turnpike_core::lifecycle::{self, Event, NewTurn, Unchanged};
+use turnpike_core::subjects;
+use turnpike_core::wire::{ChatRecord, OperatorAction, OpsReply, OpsRequest};
+use turnpike_core::{TurnId, FORMAT_VERSION};
+use turnpike_jetstream::turns::{self, Applied, ApplyError};
+use turnpike_jetstream::{decode, decode_kv, now, Bus, BusError};
+
+/// The `turnpike.ops.stats` answer.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Stats {
+    pub v: u16,
+    /// This coordinator's counters since it started.
+    pub counters: CountersSnapshot,
+    /// Turns not yet ended, by state (from the live index: cluster-wide).
+    pub live: BTreeMap<String, u64>,
+}
+
+fn reply(
+    ok: bool,
+    message: impl Into<String>,
+    turn: Option<&TurnId>,
+    state: Option<String>,
+) -> OpsReply {
+    OpsReply {
+        v: FORMAT_VERSION,
+        ok,
+        message: message.into(),
+        turn: turn.cloned(),
+        state,
+    }
+}
+
+pub async fn serve(
+    bus: Bus,
+    config: Config,
+    counters: Arc<Counters>,
+    shutdown: CancellationToken,
+) -> Result<(), BusError> {
+    let c = counters.clone();
+    let service = bus
+        .client
+        .service_builder()
+        .description("Turnpike coordinator: operator actions and counters")
+        .stats_handler(move |_endpoint, _stats| {
+            serde_json::to_value(c.snapshot()).unwrap_or_default()
+        })
+        .start(subjects::OPS_SERVICE, env!("CARGO_PKG_VERSION"))
+        .await
+        .map_err(|e| BusError::kv("start the ops service", e))?;
+    let mut endpoints = Vec::new();
+    for subject in [
+        subjects::OPS_KILL,
+        subjects::OPS_CLEAR,
+        subjects::OPS_RERUN,
+        subjects::OPS_STATS,
+    ] {
+        let ep = service
+            .endpoint_builder()
+            .name(subject.rsplit('.').next().unwrap_or(subject))
+            .add(subject)
+            .await
+            .map_err(|e| BusError::kv(format!("add endpoint {subject}"), e))?;
+        endpoints.push((subject, ep));
+    }
+    let mut tasks = tokio::task::JoinSet::new();
+    for (subject, mut ep) in endpoints {
+        let (bus, config, counters, token) = (
+            bus.clone(),
+            config.clone(),
+            counters.clone(),
+            shutdown.clone(),
+        );
+        tasks.spawn(async move {
+            loop {
+                let req = tokio::select! {
+                    _ = token.cancelled() => break,
+                    r = ep.next() => match r { Some(r) => r, None => break },
+                };
+                let body = match subject {
+                    subjects::OPS_STATS => serde_json::to_vec(&stats(&bus, &counters).await),
+                    _ => {
+                        let answer = match decode::<OpsRequest>(
+                            req.message.headers.as_ref(),
+                            &req.message.payload,
+                        ) {
+                            Ok(r) => handle(&bus, &config, &counters, subject, r).await,
+                            Err(e) => reply(false, format!("bad request: {e}"), None, None),
+                        };
+                        serde_json::to_vec(&answer)
+                    }
+                };
+                let body = body.unwrap_or_else(|e| {
+                    format!("{{\"ok\":false,\"message\":\"{e}\"}}").into_bytes()
+                });
+                if let Err(e) = req.respond(Ok(Bytes::from(body))).await {
+                    warn!(error = %e, "could not answer an operator request");
+                }
+            }
+        });
+    }
+    while tasks.join_next().await.is_some() {}
+    let _ = service.stop().await;
+    Ok(())
+}
+
+async fn handle(
+    bus: &Bus,
+    config: &Config,
+    counters: &Counters,
+    subject: &str,
+    r: OpsRequest,
+) -> OpsReply {
+    let action = OperatorAction {
+        by: r.by.clone(),
+        at: now(),
+    };
+    let result = match (subject, &r.turn, &r.chat) {
+        (subjects::OPS_KILL, Some(turn), _) => kill(bus, counters, turn, action).await,
+        (subjects::OPS_RERUN, Some(turn), _) => rerun(bus, config, turn, action).await,
+        (subjects::OPS_CLEAR, _, Some(chat)) => clear(bus, chat.as_str(), action).await,
+        (subjects::OPS_CLEAR, _, None) => Ok(reply(false, "clear needs a chat", None, None)),
+        _ => Ok(reply(false, "this request needs a turn", None, None)),
+    };
+    result.unwrap_or_else(|e| match e {
+        ApplyError::UnknownTurn(t) => reply(false, format!("no turn {t}"), Some(&t), None),
+        e => reply(false, e.to_string(), r.turn.as_ref(), None),
+    })
+}
+
+async fn kill(
+    bus: &Bus,
+    counters: &Counters,
+    turn: &TurnId,
+    action: OperatorAction,
+) -> Result<OpsReply, ApplyError> {
+    info!(turn_id = %turn, by = %action.by, "operator kill");
+    let applied = turns::apply_event(bus, turn, &Event::KillRequested { action }).await?;
+    let out = match &applied {
+        Applied::Changed { current, effects } => {
+            counters.effects(effects);
+            let r = &current.record;
+            let msg = if r.state.is_terminal() {
+                "killed".to_owned()
+            } else {
+                format!("kill sent to the runner of attempt {}", r.attempt)
+            };
+            reply(true, msg, Some(turn), Some(r.state.to_string()))
+        }
+        Applied::Unchanged(Unchanged::AlreadyEnded { state }, _) => reply(
+            false,
+            format!("already ended ({state})"),
+            Some(turn),
+            Some(state.to_string()),
+        ),
+        Applied::Unchanged(_, current) => reply(
+            true,
+            "kill already requested",
+            Some(turn),
+            Some(current.record.state.to_string()),
+        ),
+    };
+    turns::run_outbox(bus, applied.current().clone()).await?;
+    Ok(out)
+}
+
+/// A re-run is a new turn linked by `rerun_of`, so every turn keeps exactly one terminal state.
+async fn rerun(
+    bus: &Bus,
+    config: &Config,
+    turn: &TurnId,
+    action: OperatorAction,
+) -> Result<OpsReply, ApplyError> {
+    let original = turns::load(bus, turn)
+        .await?
+        .ok_or_else(|| ApplyError::UnknownTurn(turn.clone()))?
+        .record;
+    if !original.state.is_terminal() {
+        return Ok(reply(
+            false,
+            format!(
+                "turn is still {}; kill it first or wait for it to end",
+                original.state
+            ),
+            Some(turn),
+            Some(original.state.to_string()),
+        ));
+    }
+    for n in 1..=1000 {
+        let id = TurnId::for_rerun(turn, n);
+        let (mut record, effects) = lifecycle::create(
+            NewTurn {
+                turn: id.clone(),
+                message: original.message.clone(),
+                history: original.history.clone(),
+                max_turn_retry: config.max_turn_retry,
+                retry_delay: config.retry_delay,
+                rerun_of: Some(turn.clone()),
+                created_by: Some(action.clone()),
+                admit_now: true,
+            },
+            now(),
+        );
+        record.outbox = effects;
+        bus.live
+            .put(id.as_str(), Bytes::from(record.chat.to_string()))
+            .await
+            .map_err(|e| BusError::kv(format!("index live turn {id}"), e))?;
+        let (current, created) = turns::create(bus, record).await?;
+        if !created {
+            continue;
+        }
+        info!(turn_id = %turn, rerun = %id, by = %action.by, "operator re-run");
+        turns::run_outbox(bus, current).await?;
+        return Ok(reply(
+            true,
+            format!("re-run as turn {id}"),
+            Some(&id),
+            Some("queued".into()),
+        ));
+    }
+    Ok(reply(
+        false,
+        "too many re-runs of this turn",
+        Some(turn),
+        None,
+    ))
+}
+
+async fn clear(bus: &Bus, chat: &str, action: OperatorAction) -> Result<OpsReply, ApplyError> {
+    for _ in 0..50 {
+        let entry = bus
+            .chats
+            .entry(chat)
+            .await
+            .map_err(|e| BusError::kv(format!("read chat {chat}"), e))?;
+        let Some(entry) = entry.filter(|e| !e.value.is_empty()) else {
+            return Ok(reply(
+                false,
+                format!("chat {chat} is not flagged"),
+                None,
+                None,
+            ));
+        };
+        let mut record: ChatRecord =
+            decode_kv(&entry.value).map_err(|e| BusError::kv(format!("read chat {chat}"), e))?;
+        if record.errored.is_none() {
+            return Ok(reply(
+                false,
+                format!("chat {chat} is not flagged"),
+                None,
+                None,
+            ));
+        }
+        record.errored = None;
+        record.cleared.push(action.clone());
+        let value = Bytes::from(bus.codec.encode(&record).map_err(BusError::from)?);
+        match bus.chats.update(chat, value, entry.revision).await {
+            Ok(_) => {
+                info!(chat_id = chat, by = %action.by, "errored flag cleared");
+                return Ok(reply(true, format!("chat {chat} cleared"), None, None));
+            }
+            Err(e) if e.kind() == UpdateErrorKind::WrongLastRevision => continue,
+            Err(e) => return Err(BusError::kv(format!("clear chat {chat}"), e).into()),
+        }
+    }
+    Err(BusError::kv(format!("clear chat {chat}"), "still conflicting").into())
+}
+
+async fn stats(bus: &Bus, counters: &Counters) -> Stats {
+    let mut live = BTreeMap::new();
+    if let Ok(mut keys) = bus.live.keys().await {
+        while let Some(Ok(k)) = keys.next().await {
+            let Ok(turn) = TurnId::new(k) else { continue };
+            if let Ok(Some(v)) = turns::load(bus, &turn).await {
+                *live.entry(v.record.state.to_string()).or_insert(0) += 1;
+            }
+        }
+    }
+    Stats {
+        v: FORMAT_VERSION,
+        counters: counters.snapshot(),
+        live,
+    }
+}

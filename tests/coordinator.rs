@@ -10,69 +10,21 @@ use turnpike_core::subjects;
 use turnpike_core::texts;
 use turnpike_core::wire::{ChatRecord, ExitClass, OutboundItem, OutboundKind};
 use turnpike_core::TurnId;
-use turnpike_jetstream::{decode_kv, turns, Bus};
-use turnpike_testkit::{eventually, NatsServer};
+use turnpike_jetstream::{decode_kv, Bus};
+use turnpike_testkit::NatsServer;
 use turnpike_tests::*;
 
 const AGENT: &str = env!("CARGO_BIN_EXE_test-agent");
 const ROLE: &str = env!("CARGO_BIN_EXE_test-role");
 const T: Duration = Duration::from_secs(60);
 
-struct Pipeline {
-    _server: NatsServer,
-    bus: Bus,
-    config: Config,
-    roles: Vec<Role>,
-}
-
-impl Pipeline {
-    async fn start(tweak: impl FnOnce(&mut Config)) -> Pipeline {
-        let server = NatsServer::start();
-        let mut config = test_config(&server, AGENT);
-        tweak(&mut config);
-        let roles = vec![
-            start_dispatcher(&config).await,
-            start_coordinator(&config).await,
-            start_runner(&config).await,
-        ];
-        let bus = Bus::connect(&config, "test").await.expect("bus");
-        Pipeline {
-            _server: server,
-            bus,
-            config,
-            roles,
-        }
-    }
-
-    async fn stop(self) {
-        for r in self.roles {
-            r.stop().await;
-        }
-    }
-}
-
 fn of_turn<'a>(items: &'a [OutboundItem], turn: &TurnId) -> Vec<&'a OutboundItem> {
     items.iter().filter(|i| &i.turn == turn).collect()
 }
 
-async fn state_of(bus: &Bus, turn: &TurnId) -> Option<turnpike_core::TurnRecord> {
-    turns::load(bus, turn)
-        .await
-        .ok()
-        .flatten()
-        .map(|v| v.record)
-}
-
-async fn wait_state(bus: &Bus, turn: &TurnId, state: TurnState) -> turnpike_core::TurnRecord {
-    eventually(T, &format!("turn {turn} {state}"), || async {
-        state_of(bus, turn).await.filter(|r| r.state == state)
-    })
-    .await
-}
-
 #[tokio::test]
 async fn dying_twice_then_replying_takes_three_attempts_with_the_preambles() {
-    let p = Pipeline::start(|_| {}).await;
+    let p = Pipeline::start(AGENT, |_| {}).await;
     let turn = send(&p.bus, "c1", "m1", "die-until:3 show-prompt").await;
     let record = wait_ended(&p.bus, &turn, T).await;
     assert_eq!(record.state, TurnState::Done);
@@ -122,7 +74,7 @@ async fn dying_twice_then_replying_takes_three_attempts_with_the_preambles() {
 #[tokio::test]
 async fn dying_every_time_gets_exactly_the_budget_then_one_give_up_notice() {
     for n in [0u32, 1, 3, 5] {
-        let p = Pipeline::start(|c| c.max_turn_retry = n).await;
+        let p = Pipeline::start(AGENT, |c| c.max_turn_retry = n).await;
         let chat = format!("budget-{n}");
         let turn = send(&p.bus, &chat, "m1", "die-until:99").await;
         let record = wait_ended(&p.bus, &turn, T).await;
@@ -156,7 +108,7 @@ async fn dying_every_time_gets_exactly_the_budget_then_one_give_up_notice() {
 
 #[tokio::test]
 async fn a_partial_reply_then_death_is_not_retried_and_gets_the_plain_notice() {
-    let p = Pipeline::start(|_| {}).await;
+    let p = Pipeline::start(AGENT, |_| {}).await;
     let turn = send(&p.bus, "c3", "m1", "crash-after-reply").await;
     let record = wait_ended(&p.bus, &turn, T).await;
     assert_eq!(record.state, TurnState::Failed);
@@ -171,7 +123,7 @@ async fn a_partial_reply_then_death_is_not_retried_and_gets_the_plain_notice() {
 
 #[tokio::test]
 async fn an_operator_kill_is_recorded_killed_with_no_retry_and_no_notice() {
-    let p = Pipeline::start(|_| {}).await;
+    let p = Pipeline::start(AGENT, |_| {}).await;
     let turn = send(&p.bus, "c4", "m1", "hang").await;
     wait_state(&p.bus, &turn, TurnState::Running).await;
     let r = ops(
@@ -217,7 +169,7 @@ async fn an_operator_kill_is_recorded_killed_with_no_retry_and_no_notice() {
 
 #[tokio::test]
 async fn a_kill_during_pending_retry_cancels_the_scheduled_attempt() {
-    let p = Pipeline::start(|c| c.retry_delay = Duration::from_secs(3)).await;
+    let p = Pipeline::start(AGENT, |c| c.retry_delay = Duration::from_secs(3)).await;
     let turn = send(&p.bus, "c5", "m1", "die-until:3").await;
     wait_state(&p.bus, &turn, TurnState::PendingRetry).await;
     let r = ops(
@@ -250,7 +202,7 @@ async fn a_kill_during_pending_retry_cancels_the_scheduled_attempt() {
 
 #[tokio::test]
 async fn operators_clear_a_chat_and_rerun_an_ended_turn() {
-    let p = Pipeline::start(|c| c.max_turn_retry = 1).await;
+    let p = Pipeline::start(AGENT, |c| c.max_turn_retry = 1).await;
     let turn = send(&p.bus, "c6", "m1", "die-until:2").await;
     let record = wait_ended(&p.bus, &turn, T).await;
     assert_eq!(record.state, TurnState::GaveUp);
@@ -288,7 +240,7 @@ async fn operators_clear_a_chat_and_rerun_an_ended_turn() {
 
 #[tokio::test]
 async fn bad_events_are_dead_lettered_and_the_coordinator_keeps_going() {
-    let p = Pipeline::start(|_| {}).await;
+    let p = Pipeline::start(AGENT, |_| {}).await;
     let unknown = serde_json::json!({"v": 1, "turn": "t-unknown", "chat": "c7", "attempt": 1,
         "runner": "r", "at": "2026-12-02T00:00:00Z",
         "kind": {"type": "started", "published_at": "2026-12-02T00:00:00Z"}});
@@ -307,28 +259,11 @@ async fn bad_events_are_dead_lettered_and_the_coordinator_keeps_going() {
     }
     let turn = send(&p.bus, "c7", "m1", "reply:still here").await;
     assert_eq!(wait_ended(&p.bus, &turn, T).await.state, TurnState::Done);
-    let dead = p
-        .bus
-        .js
-        .get_stream(subjects::STREAM_DEAD)
+    let mut reasons: Vec<String> = dead_letters(&p.bus)
         .await
-        .expect("dead stream");
-    let consumer = dead
-        .create_consumer(async_nats::jetstream::consumer::pull::Config::default())
-        .await
-        .expect("consumer");
-    let mut batch = consumer
-        .fetch()
-        .max_messages(10)
-        .expires(Duration::from_secs(1))
-        .messages()
-        .await
-        .expect("fetch");
-    let mut reasons = Vec::new();
-    while let Some(Ok(m)) = batch.next().await {
-        let h = m.headers.as_ref().expect("headers");
-        reasons.push(h.get("Turnpike-Dead-Reason").expect("reason").to_string());
-    }
+        .into_iter()
+        .map(|(_, r)| r)
+        .collect();
     reasons.sort();
     assert_eq!(reasons.len(), 3, "{reasons:?}");
     assert!(
@@ -486,7 +421,7 @@ fn directive(i: usize) -> String {
 #[tokio::test]
 async fn every_event_delivered_twice_changes_no_outcome() {
     init_logs();
-    let p = Pipeline::start(|_| {}).await;
+    let p = Pipeline::start(AGENT, |_| {}).await;
     let dup = duplicate_every_event(&p.bus);
     let mut turns = Vec::new();
     for i in 0..12 {
@@ -519,7 +454,7 @@ async fn every_event_delivered_twice_changes_no_outcome() {
 
 #[tokio::test]
 async fn two_coordinators_over_200_turns_give_every_turn_its_table_outcome() {
-    let p = Pipeline::start(|c| {
+    let p = Pipeline::start(AGENT, |c| {
         c.runner_slots = 8;
         c.retry_delay = Duration::from_millis(200);
     })

@@ -219,14 +219,7 @@ async fn an_operator_kill_stops_the_container_and_is_recorded_killed() {
     ];
     let bus = Bus::connect(&config, "test").await.expect("bus");
     let turn = send(&bus, runner_id, "m-1", "hang").await;
-    eventually(T, "attempt 1 running", || async {
-        let r = turnpike_jetstream::turns::load(&bus, &turn)
-            .await
-            .ok()
-            .flatten()?;
-        (r.record.state == TurnState::Running).then_some(())
-    })
-    .await;
+    wait_state(&bus, &turn, TurnState::Running).await;
     // What the coordinator's ForwardKill effect sends.
     bus.client
         .publish(
@@ -261,14 +254,7 @@ async fn a_killed_runner_is_declared_lost_in_bounded_time_and_its_restart_reaps_
     let bus = Bus::connect(&config, "test").await.expect("bus");
     let mut runner = RoleProcess::start(env!("CARGO_BIN_EXE_test-role"), "runner", &config);
     let turn = send(&bus, runner_id, "m-1", "hang").await;
-    eventually(T, "attempt 1 running", || async {
-        let r = turnpike_jetstream::turns::load(&bus, &turn)
-            .await
-            .ok()
-            .flatten()?;
-        (r.record.state == TurnState::Running).then_some(())
-    })
-    .await;
+    wait_state(&bus, &turn, TurnState::Running).await;
     eventually(T, "its container", || async {
         (!containers_of(runner_id).await.is_empty()).then_some(())
     })
@@ -322,14 +308,7 @@ async fn a_docker_kill_by_someone_else_is_a_signal_death_not_ours() {
         containers_of(runner_id).await.into_iter().next()
     })
     .await;
-    eventually(T, "attempt 1 running", || async {
-        let r = turnpike_jetstream::turns::load(&bus, &turn)
-            .await
-            .ok()
-            .flatten()?;
-        (r.record.state == TurnState::Running).then_some(())
-    })
-    .await;
+    wait_state(&bus, &turn, TurnState::Running).await;
     // Someone else's `docker kill` (SIGKILL, exit 137): nobody in Turnpike asked for it.
     docker()
         .await

@@ -7,7 +7,7 @@ use std::time::Duration;
 use turnpike_core::lifecycle::TurnState;
 use turnpike_core::wire::{ExitClass, OutboundKind};
 use turnpike_jetstream::Bus;
-use turnpike_testkit::{eventually, CutProxy, NatsServer};
+use turnpike_testkit::{CutProxy, NatsServer};
 use turnpike_tests::*;
 
 const AGENT: &str = env!("CARGO_BIN_EXE_test-agent");
@@ -33,14 +33,7 @@ async fn a_cut_off_runners_late_output_is_refused_and_the_turn_retried_elsewhere
     let bus = Bus::connect(&config, "test").await.expect("bus");
     // Replies after 1.5 s: while the runner is cut off, before it gives up on its lease.
     let turn = send(&bus, "chat-f", "m-1", "sleep:1.5").await;
-    eventually(T, "attempt 1 running on the cut-off runner", || async {
-        let r = turnpike_jetstream::turns::load(&bus, &turn)
-            .await
-            .ok()
-            .flatten()?;
-        (r.record.state == TurnState::Running).then_some(())
-    })
-    .await;
+    wait_state(&bus, &turn, TurnState::Running).await;
     proxy.cut();
     // A healthy runner joins to take the retry.
     let healthy = start_runner(&turnpike_config::Config {

@@ -205,6 +205,93 @@ pub async fn send_with_attachment(
     TurnId::for_message(&chat, id)
 }
 
+/// A whole pipeline on its own nats-server: dispatcher, coordinator and one runner in-process.
+pub struct Pipeline {
+    pub server: NatsServer,
+    pub bus: Bus,
+    pub config: Config,
+    pub roles: Vec<Role>,
+}
+
+impl Pipeline {
+    /// `test_config` with the given agent, adjusted by `tweak`.
+    pub async fn start(agent: &str, tweak: impl FnOnce(&mut Config)) -> Pipeline {
+        let server = NatsServer::start();
+        let mut config = test_config(&server, agent);
+        tweak(&mut config);
+        let roles = vec![
+            start_dispatcher(&config).await,
+            start_coordinator(&config).await,
+            start_runner(&config).await,
+        ];
+        let bus = Bus::connect(&config, "test").await.expect("bus");
+        Pipeline {
+            server,
+            bus,
+            config,
+            roles,
+        }
+    }
+
+    pub async fn stop(self) {
+        for r in self.roles {
+            r.stop().await;
+        }
+    }
+}
+
+/// Wait until the turn is in `state`.
+pub async fn wait_state(bus: &Bus, turn: &TurnId, state: turnpike_core::TurnState) -> TurnRecord {
+    eventually(
+        Duration::from_secs(60),
+        &format!("turn {turn} {state}"),
+        || async {
+            turns::load(bus, turn)
+                .await
+                .ok()
+                .flatten()
+                .map(|v| v.record)
+                .filter(|r| r.state == state)
+        },
+    )
+    .await
+}
+
+/// Every dead letter so far: (subject, reason).
+pub async fn dead_letters(bus: &Bus) -> Vec<(String, String)> {
+    let stream = bus
+        .js
+        .get_stream(subjects::STREAM_DEAD)
+        .await
+        .expect("dead-letter stream");
+    let consumer = stream
+        .create_consumer(pull::Config {
+            ack_policy: async_nats::jetstream::consumer::AckPolicy::None,
+            inactive_threshold: Duration::from_secs(30),
+            ..Default::default()
+        })
+        .await
+        .expect("ephemeral consumer");
+    let mut batch = consumer
+        .fetch()
+        .max_messages(10_000)
+        .expires(Duration::from_millis(500))
+        .messages()
+        .await
+        .expect("fetch");
+    let mut out = Vec::new();
+    while let Some(Ok(m)) = batch.next().await {
+        let reason = m
+            .headers
+            .as_ref()
+            .and_then(|h| h.get(subjects::HDR_DEAD_REASON))
+            .map(|v| v.to_string())
+            .unwrap_or_default();
+        out.push((m.subject.to_string(), reason));
+    }
+    out
+}
+
 /// Wait until the turn is terminal with its effects carried out.
 pub async fn wait_ended(bus: &Bus, turn: &TurnId, timeout: Duration) -> TurnRecord {
     eventually(timeout, &format!("turn {turn} to end"), || async {

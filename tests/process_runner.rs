@@ -6,22 +6,11 @@ use turnpike_config::ByteSize;
 use turnpike_core::lifecycle::TurnState;
 use turnpike_core::wire::ExitClass;
 use turnpike_jetstream::Bus;
-use turnpike_testkit::{eventually, NatsServer};
+use turnpike_testkit::NatsServer;
 use turnpike_tests::*;
 
 const AGENT: &str = env!("CARGO_BIN_EXE_test-agent");
 const T: Duration = Duration::from_secs(30);
-
-async fn running(bus: &Bus, turn: &turnpike_core::TurnId) {
-    eventually(T, "attempt running", || async {
-        let r = turnpike_jetstream::turns::load(bus, turn)
-            .await
-            .ok()
-            .flatten()?;
-        (r.record.state == TurnState::Running).then_some(())
-    })
-    .await;
-}
 
 #[tokio::test]
 async fn an_allocation_failure_under_rlimit_is_the_agents_crash_not_an_oom_kill() {
@@ -63,7 +52,7 @@ async fn a_draining_runner_lets_running_attempts_finish() {
     let runner = start_runner(&config).await;
     let bus = Bus::connect(&config, "test").await.expect("bus");
     let turn = send(&bus, "chat-q", "m-1", "sleep:1").await;
-    running(&bus, &turn).await;
+    wait_state(&bus, &turn, TurnState::Running).await;
     runner.stop().await; // SIGTERM-equivalent: returns once the attempt reported
     let record = wait_ended(&bus, &turn, T).await;
     assert_eq!(record.state, TurnState::Done);
@@ -87,7 +76,7 @@ async fn past_the_drain_grace_attempts_are_killed_reported_and_retried_elsewhere
     let first = start_runner(&config).await;
     let bus = Bus::connect(&config, "test").await.expect("bus");
     let turn = send(&bus, "chat-r", "m-1", "hang-until:2").await;
-    running(&bus, &turn).await;
+    wait_state(&bus, &turn, TurnState::Running).await;
     first.stop().await;
     let second = start_runner(&config).await;
     let record = wait_ended(&bus, &turn, T).await;

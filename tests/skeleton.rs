@@ -5,8 +5,6 @@ use std::time::Duration;
 use turnpike_core::lifecycle::{OutcomeReason, TurnState};
 use turnpike_core::texts;
 use turnpike_core::wire::{ExitClass, OutboundKind};
-use turnpike_jetstream::Bus;
-use turnpike_testkit::NatsServer;
 use turnpike_tests::*;
 
 const AGENT: &str = env!("CARGO_BIN_EXE_test-agent");
@@ -14,17 +12,11 @@ const T: Duration = Duration::from_secs(30);
 
 #[tokio::test]
 async fn a_message_gets_a_reply_and_the_turn_is_done() {
-    let server = NatsServer::start();
-    let config = test_config(&server, AGENT);
-    let roles = [
-        start_dispatcher(&config).await,
-        start_coordinator(&config).await,
-        start_runner(&config).await,
-    ];
-    let bus = Bus::connect(&config, "test").await.expect("bus");
+    let p = Pipeline::start(AGENT, |_| {}).await;
+    let (bus, config) = (&p.bus, &p.config);
 
-    let turn = send(&bus, "chat-a", "m-1", "reply:hello there").await;
-    let record = wait_ended(&bus, &turn, T).await;
+    let turn = send(bus, "chat-a", "m-1", "reply:hello there").await;
+    let record = wait_ended(bus, &turn, T).await;
     assert_eq!(record.state, TurnState::Done);
     assert_eq!(
         record.outcome.as_ref().map(|o| o.reason),
@@ -37,7 +29,7 @@ async fn a_message_gets_a_reply_and_the_turn_is_done() {
     assert!(a.runner.is_some() && a.started_at.is_some() && a.published_at.is_some());
     assert!(record.notice.is_none());
 
-    let items = chat_items(&bus, "chat-a").await;
+    let items = chat_items(bus, "chat-a").await;
     assert_eq!(items.len(), 1, "{items:?}");
     assert_eq!(items[0].kind, OutboundKind::Message);
     assert_eq!(items[0].text, "hello there");
@@ -62,25 +54,17 @@ async fn a_message_gets_a_reply_and_the_turn_is_done() {
         .await
         .expect("live get")
         .is_none_or(|v| v.is_empty()));
-    for r in roles {
-        r.stop().await;
-    }
+    p.stop().await;
 }
 
 #[tokio::test]
 async fn a_replayed_inbound_message_makes_one_turn_and_one_reply() {
-    let server = NatsServer::start();
-    let config = test_config(&server, AGENT);
-    let roles = [
-        start_dispatcher(&config).await,
-        start_coordinator(&config).await,
-        start_runner(&config).await,
-    ];
-    let bus = Bus::connect(&config, "test").await.expect("bus");
-    let turn = send(&bus, "chat-b", "m-1", "reply:once").await;
-    wait_ended(&bus, &turn, T).await;
+    let p = Pipeline::start(AGENT, |_| {}).await;
+    let bus = &p.bus;
+    let turn = send(bus, "chat-b", "m-1", "reply:once").await;
+    wait_ended(bus, &turn, T).await;
     // The same message again, after the dedup window would matter: same turn, nothing new.
-    let again = send(&bus, "chat-b", "m-1", "reply:once").await;
+    let again = send(bus, "chat-b", "m-1", "reply:once").await;
     assert_eq!(again, turn);
     // Bypass JetStream dedup (a fresh Nats-Msg-Id): the KV create still refuses a second turn.
     let chat = turnpike_core::ChatId::new("chat-b").expect("valid");
@@ -95,27 +79,19 @@ async fn a_replayed_inbound_message_makes_one_turn_and_one_reply() {
     .await
     .expect("accepted");
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let items = chat_items(&bus, "chat-b").await;
+    let items = chat_items(bus, "chat-b").await;
     assert_eq!(items.len(), 1, "one reply only: {items:?}");
-    let record = wait_ended(&bus, &turn, T).await;
+    let record = wait_ended(bus, &turn, T).await;
     assert_eq!(record.attempts.len(), 1);
-    for r in roles {
-        r.stop().await;
-    }
+    p.stop().await;
 }
 
 #[tokio::test]
 async fn a_run_that_dies_is_retried_with_the_preamble_then_replies() {
-    let server = NatsServer::start();
-    let config = test_config(&server, AGENT);
-    let roles = [
-        start_dispatcher(&config).await,
-        start_coordinator(&config).await,
-        start_runner(&config).await,
-    ];
-    let bus = Bus::connect(&config, "test").await.expect("bus");
-    let turn = send(&bus, "chat-c", "m-1", "die-until:3 show-prompt").await;
-    let record = wait_ended(&bus, &turn, T).await;
+    let p = Pipeline::start(AGENT, |_| {}).await;
+    let (bus, config) = (&p.bus, &p.config);
+    let turn = send(bus, "chat-c", "m-1", "die-until:3 show-prompt").await;
+    let record = wait_ended(bus, &turn, T).await;
     assert_eq!(record.state, TurnState::Done);
     assert_eq!(record.attempts.len(), 3);
     assert_eq!(record.retry_count, 2);
@@ -132,7 +108,7 @@ async fn a_run_that_dies_is_retried_with_the_preamble_then_replies() {
             Some(ExitClass::Clean)
         ]
     );
-    let items: Vec<_> = chat_items(&bus, "chat-c")
+    let items: Vec<_> = chat_items(bus, "chat-c")
         .await
         .into_iter()
         .filter(|i| i.kind != OutboundKind::Status)
@@ -155,22 +131,13 @@ async fn a_run_that_dies_is_retried_with_the_preamble_then_replies() {
             k + 1
         );
     }
-    for r in roles {
-        r.stop().await;
-    }
+    p.stop().await;
 }
 
 #[tokio::test]
 async fn bad_inbound_input_is_dead_lettered_and_the_dispatcher_keeps_going() {
-    use futures::StreamExt;
-    let server = NatsServer::start();
-    let config = test_config(&server, AGENT);
-    let roles = [
-        start_dispatcher(&config).await,
-        start_coordinator(&config).await,
-        start_runner(&config).await,
-    ];
-    let bus = Bus::connect(&config, "test").await.expect("bus");
+    let p = Pipeline::start(AGENT, |_| {}).await;
+    let bus = &p.bus;
     for (subject, payload) in [
         ("turnpike.chat.in.chat-d", &b"not json"[..]),
         (
@@ -189,36 +156,19 @@ async fn bad_inbound_input_is_dead_lettered_and_the_dispatcher_keeps_going() {
             .await
             .expect("stored");
     }
-    let turn = send(&bus, "chat-d", "ok", "reply:still alive").await;
-    let record = wait_ended(&bus, &turn, T).await;
+    let turn = send(bus, "chat-d", "ok", "reply:still alive").await;
+    let record = wait_ended(bus, &turn, T).await;
     assert_eq!(record.state, TurnState::Done);
-    let dead = bus
-        .js
-        .get_stream(turnpike_core::subjects::STREAM_DEAD)
-        .await
-        .expect("dead stream");
-    let consumer = dead
-        .create_consumer(async_nats::jetstream::consumer::pull::Config::default())
-        .await
-        .expect("consumer");
-    let mut batch = consumer
-        .fetch()
-        .max_messages(10)
-        .expires(Duration::from_secs(1))
-        .messages()
-        .await
-        .expect("fetch");
-    let mut reasons = Vec::new();
-    while let Some(Ok(m)) = batch.next().await {
-        let h = m.headers.as_ref().expect("headers");
-        reasons.push(h.get("Turnpike-Dead-Reason").expect("reason").to_string());
-        assert_eq!(m.subject.as_str(), "turnpike.dead.dispatcher");
-    }
+    let dead = dead_letters(bus).await;
+    assert!(
+        dead.iter()
+            .all(|(subject, _)| subject == "turnpike.dead.dispatcher"),
+        "{dead:?}"
+    );
+    let reasons: Vec<String> = dead.into_iter().map(|(_, r)| r).collect();
     assert_eq!(reasons.len(), 3, "{reasons:?}");
     assert!(reasons[0].contains("undecodable"), "{reasons:?}");
     assert!(reasons[1].contains("published on"), "{reasons:?}");
     assert!(reasons[2].contains("only A-Z"), "{reasons:?}");
-    for r in roles {
-        r.stop().await;
-    }
+    p.stop().await;
 }

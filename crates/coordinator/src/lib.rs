@@ -3,9 +3,7 @@
 //! (retries scheduled by JetStream, notices, errored flags). It keeps nothing that matters in
 //! memory; any number of coordinators may run at once.
 
-use async_nats::jetstream::consumer::PullConsumer;
 use async_nats::jetstream::AckKind;
-use futures::StreamExt;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::Semaphore;
@@ -47,15 +45,12 @@ impl Coordinator {
     }
 
     pub async fn run(self, shutdown: CancellationToken) -> Result<(), BusError> {
-        let consumer: PullConsumer = self
-            .bus
-            .js
-            .get_stream(subjects::STREAM_EVENTS)
-            .await
-            .map_err(|e| BusError::kv("open events stream", e))?
-            .get_consumer(subjects::CONSUMER_COORDINATOR)
-            .await
-            .map_err(|e| BusError::kv("open coordinator consumer", e))?;
+        let consumer = turnpike_jetstream::consume::durable(
+            &self.bus.js,
+            subjects::STREAM_EVENTS,
+            subjects::CONSUMER_COORDINATOR,
+        )
+        .await?;
         info!("coordinator started");
         // Runner-lost detection is bounded by lease + this interval.
         let sweeper = tokio::spawn(sweep::run(
@@ -79,50 +74,27 @@ impl Coordinator {
             })
         };
         let slots = Arc::new(Semaphore::new(IN_FLIGHT));
-        let mut tasks = tokio::task::JoinSet::new();
-        'outer: while !shutdown.is_cancelled() {
-            let mut messages = match consumer
-                .stream()
-                .max_messages_per_batch(IN_FLIGHT)
-                .heartbeat(Duration::from_secs(5))
-                .messages()
-                .await
-            {
-                Ok(m) => m,
-                Err(e) => {
-                    warn!(error = %e, "cannot pull events; retrying");
-                    tokio::select! {
-                        _ = shutdown.cancelled() => break,
-                        _ = tokio::time::sleep(Duration::from_secs(1)) => continue,
-                    }
-                }
-            };
-            loop {
-                let next = tokio::select! {
-                    _ = shutdown.cancelled() => break 'outer,
-                    m = messages.next() => m,
-                };
-                match next {
-                    None => break,
-                    // A server restart shows up as errors (missed heartbeats) before the
-                    // stream resumes: keep going.
-                    Some(Err(e)) => debug!(error = %e, "event stream hiccup"),
-                    Some(Ok(msg)) => {
-                        let Ok(permit) = slots.clone().acquire_owned().await else {
-                            break 'outer;
-                        };
-                        let bus = self.bus.clone();
-                        let counters = self.counters.clone();
-                        tasks.spawn(async move {
-                            handle(&bus, &counters, msg).await;
-                            drop(permit);
-                        });
-                        while tasks.try_join_next().is_some() {}
-                    }
+        let tasks = tokio_util::task::TaskTracker::new();
+        turnpike_jetstream::consume::each_message(&consumer, IN_FLIGHT, &shutdown, |msg| {
+            let (slots, bus, counters, tasks) = (
+                slots.clone(),
+                self.bus.clone(),
+                self.counters.clone(),
+                tasks.clone(),
+            );
+            async move {
+                // Wait for a free slot before taking the next event (backpressure).
+                if let Ok(permit) = slots.acquire_owned().await {
+                    tasks.spawn(async move {
+                        handle(&bus, &counters, msg).await;
+                        drop(permit);
+                    });
                 }
             }
-        }
-        while tasks.join_next().await.is_some() {}
+        })
+        .await;
+        tasks.close();
+        tasks.wait().await;
         let _ = sweeper.await;
         let _ = ops.await;
         info!("coordinator stopped");

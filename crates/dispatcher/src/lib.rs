@@ -1,10 +1,8 @@
 //! The dispatcher: each inbound chat message becomes a turn (a KV create, so a replayed message
 //! never makes a second one) and its attempt 1 is published to the work stream.
 
-use async_nats::jetstream::consumer::PullConsumer;
 use async_nats::jetstream::AckKind;
 use bytes::Bytes;
-use futures::StreamExt;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn, Instrument};
@@ -26,45 +24,16 @@ impl Dispatcher {
     }
 
     pub async fn run(self, shutdown: CancellationToken) -> Result<(), BusError> {
-        let consumer: PullConsumer = self
-            .bus
-            .js
-            .get_stream(subjects::STREAM_CHAT_IN)
-            .await
-            .map_err(|e| BusError::kv("open inbound stream", e))?
-            .get_consumer(subjects::CONSUMER_DISPATCHER)
-            .await
-            .map_err(|e| BusError::kv("open dispatcher consumer", e))?;
+        let consumer = turnpike_jetstream::consume::durable(
+            &self.bus.js,
+            subjects::STREAM_CHAT_IN,
+            subjects::CONSUMER_DISPATCHER,
+        )
+        .await?;
         info!("dispatcher started");
-        'outer: while !shutdown.is_cancelled() {
-            let mut messages = match consumer
-                .stream()
-                .max_messages_per_batch(16)
-                .heartbeat(Duration::from_secs(5))
-                .messages()
-                .await
-            {
-                Ok(m) => m,
-                Err(e) => {
-                    warn!(error = %e, "cannot pull inbound messages; retrying");
-                    tokio::select! {
-                        _ = shutdown.cancelled() => break,
-                        _ = tokio::time::sleep(Duration::from_secs(1)) => continue,
-                    }
-                }
-            };
-            loop {
-                let next = tokio::select! {
-                    _ = shutdown.cancelled() => break 'outer,
-                    m = messages.next() => m,
-                };
-                match next {
-                    None => break,
-                    Some(Err(e)) => debug!(error = %e, "inbound stream hiccup"),
-                    Some(Ok(msg)) => self.handle(msg).await,
-                }
-            }
-        }
+        // One at a time: per-chat order depends on it.
+        turnpike_jetstream::consume::each_message(&consumer, 16, &shutdown, |msg| self.handle(msg))
+            .await;
         info!("dispatcher stopped");
         Ok(())
     }

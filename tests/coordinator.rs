@@ -509,3 +509,158 @@ async fn two_coordinators_over_200_turns_give_every_turn_its_table_outcome() {
     extra_runner.stop().await;
     p.stop().await;
 }
+
+#[tokio::test]
+async fn a_pending_retry_whose_schedule_was_lost_is_scheduled_again_by_the_sweep() {
+    let p = Pipeline::start(AGENT, |c| c.retry_delay = Duration::from_secs(3)).await;
+    let turn = send(&p.bus, "c8", "m1", "die-until:2").await;
+    wait_state(&p.bus, &turn, TurnState::PendingRetry).await;
+    // Lose the schedule, as if the effect had never been carried out.
+    p.bus
+        .js
+        .get_stream(subjects::STREAM_WORK)
+        .await
+        .expect("work stream")
+        .purge()
+        .filter(subjects::work_schedule(&turn, 2))
+        .await
+        .expect("purge the schedule");
+    let record = wait_ended(&p.bus, &turn, T).await;
+    assert_eq!(record.state, TurnState::Done);
+    assert_eq!(record.attempts.len(), 2);
+    let replies = chat_items(&p.bus, "c8")
+        .await
+        .into_iter()
+        .filter(|i| i.kind == OutboundKind::Message)
+        .count();
+    assert_eq!(replies, 1);
+    p.stop().await;
+}
+
+#[tokio::test]
+async fn replaying_an_outbox_after_a_crash_sends_one_notice_and_one_attempt() {
+    use turnpike_core::lifecycle::{self, Effect, Event, NewTurn};
+    let server = NatsServer::start();
+    let config = test_config(&server, AGENT);
+    let bus = Bus::connect(&config, "test").await.expect("bus");
+    let chat = turnpike_core::ChatId::new("c9").expect("chat");
+    let message = turnpike_core::wire::InboundMessage {
+        v: 1,
+        id: "m1".into(),
+        chat: chat.clone(),
+        text: "x".into(),
+        sender: None,
+        attachments: vec![],
+    };
+    let (mut record, effects) = lifecycle::create(
+        NewTurn {
+            turn: TurnId::for_message(&chat, "m1"),
+            message,
+            history: vec![],
+            max_turn_retry: 1,
+            retry_delay: Duration::from_secs(1),
+            rerun_of: None,
+            created_by: None,
+            admit_now: true,
+        },
+        turnpike_jetstream::now(),
+    );
+    record.outbox = effects;
+    let turn = record.turn.clone();
+    let (created, _) = turnpike_jetstream::turns::create(&bus, record)
+        .await
+        .expect("create");
+    // Attempt 1 dispatched twice (a crash before the outbox was cleared, then a replay).
+    for e in created.record.outbox.clone() {
+        turnpike_jetstream::turns::execute(&bus, &created.record, &e)
+            .await
+            .expect("effect");
+    }
+    turnpike_jetstream::turns::run_outbox(&bus, created)
+        .await
+        .expect("outbox");
+    let work = bus
+        .js
+        .get_stream(subjects::STREAM_WORK)
+        .await
+        .expect("work")
+        .info()
+        .await
+        .expect("info")
+        .state
+        .messages;
+    assert_eq!(work, 1, "one work item for attempt 1");
+    // The attempt dies: give-up effects, carried out twice.
+    let exit = Event::Exited {
+        attempt: 1,
+        report: turnpike_core::wire::ExitReport {
+            class: ExitClass::Crashed,
+            exit_code: Some(1),
+            signal: None,
+            error: None,
+            messages_landed: 0,
+            ended_at: turnpike_jetstream::now(),
+        },
+    };
+    let applied = turnpike_jetstream::turns::apply_event(&bus, &turn, &exit)
+        .await
+        .expect("apply");
+    let current = applied.current().clone();
+    assert!(current
+        .record
+        .outbox
+        .iter()
+        .any(|e| matches!(e, Effect::Notify { .. })));
+    for e in current.record.outbox.clone() {
+        turnpike_jetstream::turns::execute(&bus, &current.record, &e)
+            .await
+            .expect("effect");
+    }
+    turnpike_jetstream::turns::run_outbox(&bus, current)
+        .await
+        .expect("outbox");
+    let notices: Vec<_> = chat_items(&bus, "c9")
+        .await
+        .into_iter()
+        .filter(|i| i.kind == OutboundKind::Notice)
+        .collect();
+    assert_eq!(notices.len(), 1, "{notices:?}");
+    assert_eq!(notices[0].text, texts::give_up_notice(1));
+}
+
+#[tokio::test]
+async fn counters_are_served_to_operators() {
+    let p = Pipeline::start(AGENT, |c| c.max_turn_retry = 2).await;
+    let a = send(&p.bus, "c10", "m1", "reply:hi").await;
+    let b = send(&p.bus, "c11", "m2", "die-until:99").await;
+    let c = send(&p.bus, "c12", "m3", "silent").await;
+    for t in [&a, &b, &c] {
+        wait_ended(&p.bus, t, T).await;
+    }
+    let reply = p
+        .bus
+        .client
+        .request(subjects::OPS_STATS, bytes::Bytes::new())
+        .await
+        .expect("stats answered");
+    let stats: turnpike_coordinator::ops::Stats =
+        serde_json::from_slice(&reply.payload).expect("stats JSON");
+    let s = stats.counters;
+    assert_eq!(
+        (s.turns_done, s.turns_gave_up, s.silent_turns),
+        (2, 1, 1),
+        "{s:?}"
+    );
+    assert_eq!(s.retries_scheduled, 1);
+    assert!(stats.live.is_empty(), "{:?}", stats.live);
+    // The standard service API shows the same counters.
+    let reply = p
+        .bus
+        .client
+        .request("$SRV.STATS.turnpike-coordinator", bytes::Bytes::new())
+        .await
+        .expect("$SRV.STATS answered");
+    let v: serde_json::Value = serde_json::from_slice(&reply.payload).expect("JSON");
+    assert_eq!(v["endpoints"][0]["data"]["turns_gave_up"], 1, "{v}");
+    p.stop().await;
+}

@@ -85,7 +85,7 @@ async fn dying_every_time_gets_exactly_the_budget_then_one_give_up_notice() {
             .attempts
             .iter()
             .all(|a| a.exit.as_ref().map(|e| e.class) == Some(ExitClass::Crashed)));
-        let items = chat_items(&p.bus, &chat).await;
+        let items = visible_items(&p.bus, &chat).await;
         let notices: Vec<_> = items
             .iter()
             .filter(|i| i.kind == OutboundKind::Notice)
@@ -113,7 +113,7 @@ async fn a_partial_reply_then_death_is_not_retried_and_gets_the_plain_notice() {
     let record = wait_ended(&p.bus, &turn, T).await;
     assert_eq!(record.state, TurnState::Failed);
     assert_eq!(record.attempts.len(), 1);
-    let items = chat_items(&p.bus, "c3").await;
+    let items = visible_items(&p.bus, "c3").await;
     let kinds: Vec<_> = items.iter().map(|i| i.kind).collect();
     assert_eq!(kinds, vec![OutboundKind::Message, OutboundKind::Notice]);
     assert_eq!(items[1].text, texts::PLAIN_FAILURE_NOTICE);
@@ -141,7 +141,7 @@ async fn an_operator_kill_is_recorded_killed_with_no_retry_and_no_notice() {
         record.attempts[0].exit.as_ref().map(|e| e.class),
         Some(ExitClass::OperatorKilled)
     );
-    assert!(chat_items(&p.bus, "c4").await.is_empty(), "no notice");
+    assert!(visible_items(&p.bus, "c4").await.is_empty(), "no notice");
     // A kill after the end answers so.
     let again = ops(
         &p.bus,
@@ -196,7 +196,7 @@ async fn a_kill_during_pending_retry_cancels_the_scheduled_attempt() {
         .expect("the attempt's claim is taken");
     let claim: turnpike_core::wire::ClaimRecord = decode_kv(&claim).expect("claim");
     assert_eq!(claim.holder, turnpike_core::wire::ClaimHolder::Cancelled);
-    assert!(chat_items(&p.bus, "c5").await.is_empty());
+    assert!(visible_items(&p.bus, "c5").await.is_empty());
     p.stop().await;
 }
 
@@ -311,7 +311,7 @@ async fn check_retry_across_restart(
         gap >= Duration::from_secs(10) && gap <= Duration::from_secs(11),
         "death → publish gap {gap:?}"
     );
-    let items = chat_items(&bus, "restart").await;
+    let items = visible_items(&bus, "restart").await;
     let replies: Vec<_> = items
         .iter()
         .filter(|i| i.kind == OutboundKind::Message)
@@ -441,7 +441,7 @@ async fn every_event_delivered_twice_changes_no_outcome() {
             (state, attempts),
             "{d}"
         );
-        let items = chat_items(&p.bus, &format!("dup{i}")).await;
+        let items = visible_items(&p.bus, &format!("dup{i}")).await;
         let notices = of_turn(&items, turn)
             .into_iter()
             .filter(|x| x.kind == OutboundKind::Notice)
@@ -487,7 +487,7 @@ async fn two_coordinators_over_200_turns_give_every_turn_its_table_outcome() {
     // Exactly one notice per turn that should have one, and no duplicate bot message.
     for c in 0..10 {
         let chat = format!("many{c}");
-        let items = chat_items(&p.bus, &chat).await;
+        let items = visible_items(&p.bus, &chat).await;
         for (turn, d, _) in turns.iter().filter(|(_, _, ch)| *ch == chat) {
             let mine = of_turn(&items, turn);
             let notices = mine
@@ -528,7 +528,7 @@ async fn a_pending_retry_whose_schedule_was_lost_is_scheduled_again_by_the_sweep
     let record = wait_ended(&p.bus, &turn, T).await;
     assert_eq!(record.state, TurnState::Done);
     assert_eq!(record.attempts.len(), 2);
-    let replies = chat_items(&p.bus, "c8")
+    let replies = visible_items(&p.bus, "c8")
         .await
         .into_iter()
         .filter(|i| i.kind == OutboundKind::Message)
@@ -619,7 +619,7 @@ async fn replaying_an_outbox_after_a_crash_sends_one_notice_and_one_attempt() {
     turnpike_jetstream::turns::run_outbox(&bus, current)
         .await
         .expect("outbox");
-    let notices: Vec<_> = chat_items(&bus, "c9")
+    let notices: Vec<_> = visible_items(&bus, "c9")
         .await
         .into_iter()
         .filter(|i| i.kind == OutboundKind::Notice)

@@ -77,7 +77,7 @@ async fn run_one(
     let bus = Bus::connect(&config, "test").await.expect("bus");
     let turn = send(&bus, runner_id, "m-1", text).await;
     let record = wait_ended(&bus, &turn, T).await;
-    let items = chat_items(&bus, runner_id).await;
+    let items = visible_items(&bus, runner_id).await;
     for r in roles {
         r.stop().await;
     }
@@ -233,7 +233,7 @@ async fn an_operator_kill_stops_the_container_and_is_recorded_killed() {
     assert_eq!(record.state, TurnState::Killed);
     assert!(record.notice.is_none());
     assert!(
-        chat_items(&bus, runner_id).await.is_empty(),
+        visible_items(&bus, runner_id).await.is_empty(),
         "no notice for a kill"
     );
     for r in roles {
@@ -356,7 +356,7 @@ async fn attachments_are_copied_into_the_container() {
     .await;
     let record = wait_ended(&bus, &turn, T).await;
     assert_eq!(record.state, TurnState::Done);
-    let items = chat_items(&bus, runner_id).await;
+    let items = visible_items(&bus, runner_id).await;
     assert_eq!(items.len(), 1);
     assert_eq!(
         items[0].text,

@@ -57,7 +57,7 @@ async fn a_cut_off_runners_late_output_is_refused_and_the_turn_retried_elsewhere
     // Reconnect the cut-off runner: whatever it buffered is flushed now, and refused.
     proxy.restore();
     tokio::time::sleep(Duration::from_secs(8)).await;
-    let items = chat_items(&bus, "chat-f").await;
+    let items = visible_items(&bus, "chat-f").await;
     let messages: Vec<_> = items
         .iter()
         .filter(|i| i.kind == OutboundKind::Message)

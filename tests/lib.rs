@@ -305,6 +305,16 @@ pub async fn wait_ended(bus: &Bus, turn: &TurnId, timeout: Duration) -> TurnReco
     .await
 }
 
+/// The chat's bot messages and notices, in order: what a user reads (live-progress status items
+/// left out).
+pub async fn visible_items(bus: &Bus, chat: &str) -> Vec<OutboundItem> {
+    chat_items(bus, chat)
+        .await
+        .into_iter()
+        .filter(|i| i.kind != turnpike_core::wire::OutboundKind::Status)
+        .collect()
+}
+
 /// Every outbound item stored for a chat, in order.
 pub async fn chat_items(bus: &Bus, chat: &str) -> Vec<OutboundItem> {
     let chat = ChatId::new(chat).expect("valid chat");

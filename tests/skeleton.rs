@@ -29,7 +29,7 @@ async fn a_message_gets_a_reply_and_the_turn_is_done() {
     assert!(a.runner.is_some() && a.started_at.is_some() && a.published_at.is_some());
     assert!(record.notice.is_none());
 
-    let items = chat_items(bus, "chat-a").await;
+    let items = visible_items(bus, "chat-a").await;
     assert_eq!(items.len(), 1, "{items:?}");
     assert_eq!(items[0].kind, OutboundKind::Message);
     assert_eq!(items[0].text, "hello there");
@@ -79,7 +79,7 @@ async fn a_replayed_inbound_message_makes_one_turn_and_one_reply() {
     .await
     .expect("accepted");
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let items = chat_items(bus, "chat-b").await;
+    let items = visible_items(bus, "chat-b").await;
     assert_eq!(items.len(), 1, "one reply only: {items:?}");
     let record = wait_ended(bus, &turn, T).await;
     assert_eq!(record.attempts.len(), 1);
@@ -108,7 +108,7 @@ async fn a_run_that_dies_is_retried_with_the_preamble_then_replies() {
             Some(ExitClass::Clean)
         ]
     );
-    let items: Vec<_> = chat_items(bus, "chat-c")
+    let items: Vec<_> = visible_items(bus, "chat-c")
         .await
         .into_iter()
         .filter(|i| i.kind != OutboundKind::Status)

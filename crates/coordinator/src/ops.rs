@@ -4,7 +4,6 @@
 //! Every action is recorded with who and when in the turn or chat record.
 
 use crate::counters::{Counters, CountersSnapshot};
-use async_nats::jetstream::kv::UpdateErrorKind;
 use async_nats::service::ServiceExt;
 use bytes::Bytes;
 use futures::StreamExt;
@@ -16,10 +15,10 @@ use tracing::{info, warn};
 use turnpike_config::Config;
 use turnpike_core::lifecycle::{self, Event, NewTurn, Unchanged};
 use turnpike_core::subjects;
-use turnpike_core::wire::{ChatRecord, OperatorAction, OpsReply, OpsRequest};
+use turnpike_core::wire::{OperatorAction, OpsReply, OpsRequest};
 use turnpike_core::{TurnId, FORMAT_VERSION};
 use turnpike_jetstream::turns::{self, Applied, ApplyError};
-use turnpike_jetstream::{decode, decode_kv, now, Bus, BusError};
+use turnpike_jetstream::{decode, now, Bus, BusError};
 
 /// The `turnpike.ops.stats` answer.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -133,7 +132,7 @@ async fn handle(
     let result = match (subject, &r.turn, &r.chat) {
         (subjects::OPS_KILL, Some(turn), _) => kill(bus, counters, turn, action).await,
         (subjects::OPS_RERUN, Some(turn), _) => rerun(bus, config, turn, action).await,
-        (subjects::OPS_CLEAR, _, Some(chat)) => clear(bus, chat.as_str(), action).await,
+        (subjects::OPS_CLEAR, _, Some(chat)) => clear(bus, chat, action).await,
         (subjects::OPS_CLEAR, _, None) => Ok(reply(false, "clear needs a chat", None, None)),
         _ => Ok(reply(false, "this request needs a turn", None, None)),
     };
@@ -203,7 +202,7 @@ async fn rerun(
     }
     for n in 1..=1000 {
         let id = TurnId::for_rerun(turn, n);
-        let (mut record, effects) = lifecycle::create(
+        let (record, _) = lifecycle::create(
             NewTurn {
                 turn: id.clone(),
                 message: original.message.clone(),
@@ -212,21 +211,16 @@ async fn rerun(
                 retry_delay: config.retry_delay,
                 rerun_of: Some(turn.clone()),
                 created_by: Some(action.clone()),
-                admit_now: true,
+                admit_now: false,
             },
             now(),
         );
-        record.outbox = effects;
-        bus.live
-            .put(id.as_str(), Bytes::from(record.chat.to_string()))
-            .await
-            .map_err(|e| BusError::kv(format!("index live turn {id}"), e))?;
-        let (current, created) = turns::create(bus, record).await?;
+        // Takes its place in the chat's order like any new message.
+        let (_, created) = turns::create_in_chat(bus, record).await?;
         if !created {
             continue;
         }
         info!(turn_id = %turn, rerun = %id, by = %action.by, "operator re-run");
-        turns::run_outbox(bus, current).await?;
         return Ok(reply(
             true,
             format!("re-run as turn {id}"),
@@ -242,44 +236,26 @@ async fn rerun(
     ))
 }
 
-async fn clear(bus: &Bus, chat: &str, action: OperatorAction) -> Result<OpsReply, ApplyError> {
-    for _ in 0..50 {
-        let entry = bus
-            .chats
-            .entry(chat)
-            .await
-            .map_err(|e| BusError::kv(format!("read chat {chat}"), e))?;
-        let Some(entry) = entry.filter(|e| !e.value.is_empty()) else {
-            return Ok(reply(
-                false,
-                format!("chat {chat} is not flagged"),
-                None,
-                None,
-            ));
-        };
-        let mut record: ChatRecord =
-            decode_kv(&entry.value).map_err(|e| BusError::kv(format!("read chat {chat}"), e))?;
-        if record.errored.is_none() {
-            return Ok(reply(
-                false,
-                format!("chat {chat} is not flagged"),
-                None,
-                None,
-            ));
+async fn clear(
+    bus: &Bus,
+    chat: &turnpike_core::ChatId,
+    action: OperatorAction,
+) -> Result<OpsReply, ApplyError> {
+    let cleared = turnpike_jetstream::chats::update(bus, chat, |c| {
+        if c.errored.is_none() {
+            return (false, false);
         }
-        record.errored = None;
-        record.cleared.push(action.clone());
-        let value = Bytes::from(bus.codec.encode(&record).map_err(BusError::from)?);
-        match bus.chats.update(chat, value, entry.revision).await {
-            Ok(_) => {
-                info!(chat_id = chat, by = %action.by, "errored flag cleared");
-                return Ok(reply(true, format!("chat {chat} cleared"), None, None));
-            }
-            Err(e) if e.kind() == UpdateErrorKind::WrongLastRevision => continue,
-            Err(e) => return Err(BusError::kv(format!("clear chat {chat}"), e).into()),
-        }
-    }
-    Err(BusError::kv(format!("clear chat {chat}"), "still conflicting").into())
+        c.errored = None;
+        c.cleared.push(action.clone());
+        (true, true)
+    })
+    .await?;
+    Ok(if cleared {
+        info!(chat_id = %chat, by = %action.by, "errored flag cleared");
+        reply(true, format!("chat {chat} cleared"), None, None)
+    } else {
+        reply(false, format!("chat {chat} is not flagged"), None, None)
+    })
 }
 
 async fn stats(bus: &Bus, counters: &Counters) -> Stats {

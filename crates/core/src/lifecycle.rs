@@ -221,8 +221,12 @@ fn v1() -> u16 {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum Event {
-    /// The chat's earlier turn ended; this one may start.
-    Admitted,
+    /// The chat's earlier turn ended; this one may start. `history` is the chat's history as it is
+    /// now (so it includes the earlier turn's reply): the snapshot every attempt will see.
+    Admitted {
+        #[serde(default)]
+        history: Vec<HistoryEntry>,
+    },
     /// A runner claimed the attempt and started it.
     Started {
         attempt: u32,
@@ -404,10 +408,11 @@ impl TurnRecord {
 pub fn apply(record: &TurnRecord, event: &Event, now: Timestamp) -> Result<Step, TransitionError> {
     let mut r = record.clone();
     let effects = match event {
-        Event::Admitted => {
+        Event::Admitted { history } => {
             if r.state != TurnState::Waiting {
                 return Ok(unchanged_for_state(r.state));
             }
+            r.history = history.clone();
             admit(&mut r)
         }
         Event::Started {

@@ -309,12 +309,21 @@ pub struct OperatorAction {
     pub at: Timestamp,
 }
 
-/// The chats bucket value (key = chat id).
+/// The chats bucket value (key = chat id): per-chat order, history, and the errored flag.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ChatRecord {
     #[serde(default = "v1")]
     pub v: u16,
     pub chat: ChatId,
+    /// The chat's one live turn (running, or pending a retry).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub live: Option<TurnId>,
+    /// Turns waiting for it, in arrival order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub waiting: Vec<TurnId>,
+    /// The last `history_limit` user and bot messages of ended turns (no notices, no status).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub history: Vec<HistoryEntry>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub errored: Option<ChatError>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -488,6 +497,12 @@ mod tests {
         round_trip(ChatRecord {
             v: FORMAT_VERSION,
             chat: chat(),
+            live: Some(turn()),
+            waiting: vec![turn()],
+            history: vec![HistoryEntry {
+                role: Role::User,
+                text: "q".into(),
+            }],
             errored: Some(ChatError {
                 turn: turn(),
                 at,

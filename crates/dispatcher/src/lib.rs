@@ -2,7 +2,6 @@
 //! never makes a second one) and its attempt 1 is published to the work stream.
 
 use async_nats::jetstream::AckKind;
-use bytes::Bytes;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn, Instrument};
@@ -108,7 +107,12 @@ impl Dispatcher {
     }
 
     async fn create_turn(&self, turn: TurnId, inbound: InboundMessage) -> Result<(), ApplyError> {
-        let (mut record, effects) = lifecycle::create(
+        if let Some(reason) = self.check_attachments(&inbound).await {
+            return self.reply_error(&turn, &inbound, &reason).await;
+        }
+        // Created waiting; it starts when it is its chat's turn (at once if the chat is idle),
+        // with the chat's history as it is then.
+        let (record, _) = lifecycle::create(
             NewTurn {
                 turn: turn.clone(),
                 message: inbound,
@@ -117,24 +121,78 @@ impl Dispatcher {
                 retry_delay: self.config.retry_delay,
                 rerun_of: None,
                 created_by: None,
-                admit_now: true,
+                admit_now: false,
             },
             now(),
         );
-        record.outbox = effects;
-        // Into the live index first: a turn is never live without being findable by the sweep.
-        self.bus
-            .live
-            .put(turn.as_str(), Bytes::from(record.chat.as_str().to_owned()))
-            .await
-            .map_err(|e| BusError::kv(format!("index live turn {turn}"), e))?;
-        let (current, created) = turns::create(&self.bus, record).await?;
+        let (current, created) = turns::create_in_chat(&self.bus, record).await?;
         if created {
             info!(max_attempts = current.record.max_attempts, "turn created");
         } else {
             debug!("replayed message: turn exists");
         }
-        turns::run_outbox(&self.bus, current).await?;
+        Ok(())
+    }
+
+    /// Every attachment must exist in the object store and fit the size limit.
+    async fn check_attachments(&self, inbound: &InboundMessage) -> Option<String> {
+        let max = self.config.attachment_max_bytes;
+        for a in &inbound.attachments {
+            match self.bus.attachments.info(&a.object).await {
+                Ok(info) if info.size as u64 > max.0 => {
+                    return Some(format!(
+                        "attachment {:?} is {} bytes; the limit is {max}",
+                        a.name, info.size
+                    ))
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    return Some(format!(
+                        "attachment {:?} (object {:?}) is not in the object store {}: {e}",
+                        a.name,
+                        a.object,
+                        subjects::OBJECTS_ATTACHMENTS
+                    ))
+                }
+            }
+        }
+        None
+    }
+
+    /// Refuse a message with a clear notice on the chat's outbound subject, and a dead letter.
+    async fn reply_error(
+        &self,
+        turn: &TurnId,
+        inbound: &InboundMessage,
+        reason: &str,
+    ) -> Result<(), ApplyError> {
+        warn!(%reason, "message refused");
+        let item = turnpike_core::wire::OutboundItem {
+            v: turnpike_core::FORMAT_VERSION,
+            kind: turnpike_core::wire::OutboundKind::Notice,
+            chat: inbound.chat.clone(),
+            turn: turn.clone(),
+            attempt: 0,
+            text: format!("Could not take that message: {reason}."),
+            status_id: None,
+            r#final: false,
+        };
+        turnpike_jetstream::Publish::new(self.bus.codec, subjects::chat_out(&inbound.chat), &item)?
+            .msg_id(&subjects::msg_id::notice(turn))
+            .header(subjects::HDR_TURN, turn.as_str())
+            .header(subjects::HDR_KIND, "notice")
+            .send(&self.bus.js)
+            .await?;
+        let payload = self.bus.codec.encode(inbound).map_err(BusError::from)?;
+        dead_letter(
+            &self.bus.js,
+            "dispatcher",
+            reason,
+            &subjects::chat_in(&inbound.chat),
+            None,
+            bytes::Bytes::from(payload),
+        )
+        .await;
         Ok(())
     }
 }

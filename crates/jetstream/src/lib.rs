@@ -2,6 +2,7 @@
 //! consumers, KV buckets, object store, defined once in the repository's `nats/` folder), typed
 //! publishing and decoding with the codec named by `Content-Type`, and dead letters.
 
+pub mod chats;
 mod connect;
 pub mod consume;
 mod error;
@@ -34,6 +35,8 @@ pub struct Bus {
     pub live: kv::Store,
     pub runners: kv::Store,
     pub attachments: object_store::ObjectStore,
+    /// History entries kept per chat (`history_limit`).
+    pub history_limit: usize,
 }
 
 impl Bus {
@@ -74,6 +77,7 @@ impl Bus {
                 .get_object_store(subjects::OBJECTS_ATTACHMENTS)
                 .await
                 .map_err(|e| BusError::bucket(subjects::OBJECTS_ATTACHMENTS, e))?,
+            history_limit: config.history_limit,
             client,
             js,
         })

@@ -8,9 +8,7 @@ use bytes::Bytes;
 use tracing::{debug, warn};
 use turnpike_core::lifecycle::{self, Effect, Event, Step, TransitionError, Unchanged};
 use turnpike_core::subjects::{self, msg_id};
-use turnpike_core::wire::{
-    ChatError, ChatRecord, ClaimHolder, ClaimRecord, OutboundItem, OutboundKind,
-};
+use turnpike_core::wire::{ClaimHolder, ClaimRecord, OutboundItem, OutboundKind};
 use turnpike_core::{TurnId, TurnRecord, FORMAT_VERSION};
 
 /// A record and the KV revision it was read at.
@@ -76,6 +74,33 @@ pub async fn load(bus: &Bus, turn: &TurnId) -> Result<Option<Versioned>, ApplyEr
 
 fn encode(bus: &Bus, record: &TurnRecord) -> Result<Bytes, BusError> {
     Ok(Bytes::from(bus.codec.encode(record)?))
+}
+
+/// Create a turn in its chat: the record (waiting), the live index, then its place in the chat's
+/// order; if it is the chat's live turn it is admitted at once (attempt 1 dispatched). Every step
+/// is idempotent, so a replayed inbound message (or a crash half-way) only completes what is
+/// missing. Returns the record and whether this call created it.
+pub async fn create_in_chat(
+    bus: &Bus,
+    record: TurnRecord,
+) -> Result<(Versioned, bool), ApplyError> {
+    let turn = record.turn.clone();
+    let chat = record.chat.clone();
+    // Into the live index first: a turn is never live without being findable by the sweep.
+    bus.live
+        .put(turn.as_str(), Bytes::from(chat.to_string()))
+        .await
+        .map_err(|e| BusError::kv(format!("index live turn {turn}"), e))?;
+    let (current, created) = create(bus, record).await?;
+    if current.record.state.is_terminal() {
+        // A replay of a message whose turn already ended: nothing more to do.
+        let _ = run_outbox(bus, current.clone()).await?;
+        return Ok((current, created));
+    }
+    if let Some(history) = crate::chats::join(bus, &chat, &turn).await? {
+        admit(bus, &turn, history).await?;
+    }
+    Ok((current, created))
 }
 
 /// Create a turn record; if it exists already (a replayed inbound message), return the stored one.
@@ -178,6 +203,32 @@ pub async fn run_outbox(bus: &Bus, mut current: Versioned) -> Result<Versioned, 
     .into())
 }
 
+/// Let a waiting turn start, with the chat's history as it is now. Idempotent: an admitted
+/// turn ignores it.
+pub async fn admit(
+    bus: &Bus,
+    turn: &TurnId,
+    history: Vec<turnpike_core::wire::HistoryEntry>,
+) -> Result<(), BusError> {
+    let applied = match apply_event(bus, turn, &Event::Admitted { history }).await {
+        Ok(a) => a,
+        Err(ApplyError::Bus(e)) => return Err(e),
+        Err(e) => {
+            warn!(turn_id = %turn, error = %e, "could not admit the chat's next turn");
+            return Ok(());
+        }
+    };
+    // Boxed: carrying out this outbox may end in another Ended effect (recursion).
+    match Box::pin(run_outbox(bus, applied.current().clone())).await {
+        Ok(_) => Ok(()),
+        Err(ApplyError::Bus(e)) => Err(e),
+        Err(e) => {
+            warn!(turn_id = %turn, error = %e, "could not start the chat's next turn");
+            Ok(())
+        }
+    }
+}
+
 /// Carry out one effect. Idempotent: dedup ids, one schedule subject per attempt, CAS writes.
 pub async fn execute(bus: &Bus, record: &TurnRecord, effect: &Effect) -> Result<(), BusError> {
     let turn = &record.turn;
@@ -223,7 +274,7 @@ pub async fn execute(bus: &Bus, record: &TurnRecord, effect: &Effect) -> Result<
                 .await?;
         }
         Effect::FlagChatErrored { reason } => {
-            flag_chat(bus, record, reason).await?;
+            crate::chats::flag_errored(bus, record, reason).await?;
         }
         Effect::ForwardKill { attempt } => {
             // Core NATS: the runner holding the attempt listens; the coordinator's lease sweep
@@ -271,7 +322,32 @@ pub async fn execute(bus: &Bus, record: &TurnRecord, effect: &Effect) -> Result<
                 Err(e) => return Err(BusError::kv(format!("cancel claim {turn}.{attempt}"), e)),
             }
         }
-        Effect::Ended { .. } => {
+        Effect::Ended { state } => {
+            // Close the turn's live-progress message.
+            let last = OutboundItem {
+                v: FORMAT_VERSION,
+                kind: OutboundKind::Status,
+                chat: record.chat.clone(),
+                turn: turn.clone(),
+                attempt: record.attempt,
+                text: state.to_string(),
+                status_id: Some(subjects::status_id(turn)),
+                r#final: true,
+            };
+            Publish::new(bus.codec, subjects::chat_out(&record.chat), &last)?
+                .msg_id(&msg_id::status_final(turn))
+                .header(subjects::HDR_TURN, turn.as_str())
+                .header(subjects::HDR_KIND, "status")
+                .send(&bus.js)
+                .await?;
+            // The chat's next turn goes.
+            if let Some((next, history)) =
+                crate::chats::release(bus, record, bus.history_limit).await?
+            {
+                if &next != turn {
+                    admit(bus, &next, history).await?;
+                }
+            }
             bus.live
                 .purge(turn.as_str())
                 .await
@@ -279,66 +355,4 @@ pub async fn execute(bus: &Bus, record: &TurnRecord, effect: &Effect) -> Result<
         }
     }
     Ok(())
-}
-
-async fn flag_chat(bus: &Bus, record: &TurnRecord, reason: &str) -> Result<(), BusError> {
-    let key = record.chat.as_str();
-    for _ in 0..CAS_ATTEMPTS {
-        let entry = bus
-            .chats
-            .entry(key)
-            .await
-            .map_err(|e| BusError::kv(format!("read chat {key}"), e))?;
-        let (mut chat, revision) = match entry {
-            Some(e) if !e.value.is_empty() => match decode_kv::<ChatRecord>(&e.value) {
-                Ok(c) => (c, Some(e.revision)),
-                Err(err) => {
-                    warn!(chat = key, error = %err, "chat record unreadable; replacing it");
-                    (new_chat(record), Some(e.revision))
-                }
-            },
-            Some(e) => (new_chat(record), Some(e.revision)),
-            None => (new_chat(record), None),
-        };
-        if chat.errored.as_ref().is_some_and(|e| e.turn == record.turn) {
-            return Ok(());
-        }
-        chat.errored = Some(ChatError {
-            turn: record.turn.clone(),
-            at: now(),
-            reason: reason.to_owned(),
-        });
-        let value = Bytes::from(bus.codec.encode(&chat)?);
-        let result = match revision {
-            Some(rev) => bus.chats.update(key, value, rev).await.map_err(|e| {
-                (
-                    e.kind() == UpdateErrorKind::WrongLastRevision,
-                    e.to_string(),
-                )
-            }),
-            None => bus
-                .chats
-                .create(key, value)
-                .await
-                .map_err(|e| (e.kind() == CreateErrorKind::AlreadyExists, e.to_string())),
-        };
-        match result {
-            Ok(_) => return Ok(()),
-            Err((true, _)) => continue,
-            Err((false, e)) => return Err(BusError::kv(format!("flag chat {key}"), e)),
-        }
-    }
-    Err(BusError::kv(
-        format!("flag chat {key}"),
-        "still conflicting",
-    ))
-}
-
-fn new_chat(record: &TurnRecord) -> ChatRecord {
-    ChatRecord {
-        v: FORMAT_VERSION,
-        chat: record.chat.clone(),
-        errored: None,
-        cleared: Vec::new(),
-    }
 }

@@ -515,7 +515,18 @@ fn waiting_turn_starts_on_admission() {
         ),
         Err(TransitionError::NotAdmitted { attempt: 1 })
     );
-    let (r, effects) = step(&r, Event::Admitted, at(1));
+    let history = vec![HistoryEntry {
+        role: Role::Bot,
+        text: "the earlier turn's reply".into(),
+    }];
+    let (r, effects) = step(
+        &r,
+        Event::Admitted {
+            history: history.clone(),
+        },
+        at(1),
+    );
+    assert_eq!(r.history, history, "snapshotted at admission");
     assert_eq!(r.state, TurnState::Queued);
     assert_eq!(
         effects,
@@ -525,7 +536,7 @@ fn waiting_turn_starts_on_admission() {
         }]
     );
     assert_eq!(
-        apply(&r, &Event::Admitted, at(2)),
+        apply(&r, &Event::Admitted { history: vec![] }, at(2)),
         Ok(Step::Unchanged(Unchanged::Duplicate))
     );
 }
@@ -625,7 +636,7 @@ fn arb_class() -> impl Strategy<Value = ExitClass> {
 fn arb_event() -> impl Strategy<Value = Event> {
     let attempt = 0u32..7;
     prop_oneof![
-        1 => Just(Event::Admitted),
+        1 => Just(Event::Admitted { history: vec![] }),
         3 => (attempt.clone(), 0u32..3, 0u64..100).prop_map(|(a, r, t)| Event::Started {
             attempt: a,
             runner: runner(r),

@@ -1,0 +1,222 @@
+//! The chat record (`turnpike_chats`): per-chat order (one live turn, the rest waiting in arrival
+//! order), the conversation history new turns are given, and the errored flag. Every change is a
+//! compare-and-set, so dispatchers and coordinators may race safely.
+
+use crate::{decode_kv, now, Bus, BusError};
+use async_nats::jetstream::consumer::{pull::OrderedConfig, DeliverPolicy};
+use async_nats::jetstream::kv::{CreateErrorKind, UpdateErrorKind};
+use bytes::Bytes;
+use futures::StreamExt;
+use std::time::Duration;
+use tracing::warn;
+use turnpike_core::subjects;
+use turnpike_core::wire::{ChatRecord, HistoryEntry, OutboundItem, OutboundKind, Role};
+use turnpike_core::{ChatId, TurnId, TurnRecord, FORMAT_VERSION};
+
+const CAS_ATTEMPTS: usize = 100;
+
+fn empty(chat: &ChatId) -> ChatRecord {
+    ChatRecord {
+        v: FORMAT_VERSION,
+        chat: chat.clone(),
+        live: None,
+        waiting: Vec::new(),
+        history: Vec::new(),
+        errored: None,
+        cleared: Vec::new(),
+    }
+}
+
+/// Read-modify-write the chat record with compare-and-set (creating it if missing). `change`
+/// returns `(write?, result)`; it may run more than once, on a fresh copy each time.
+pub async fn update<R>(
+    bus: &Bus,
+    chat: &ChatId,
+    mut change: impl FnMut(&mut ChatRecord) -> (bool, R),
+) -> Result<R, BusError> {
+    let key = chat.as_str();
+    for _ in 0..CAS_ATTEMPTS {
+        let entry = bus
+            .chats
+            .entry(key)
+            .await
+            .map_err(|e| BusError::kv(format!("read chat {key}"), e))?;
+        let (mut record, revision) = match entry {
+            Some(e) if !e.value.is_empty() => match decode_kv::<ChatRecord>(&e.value) {
+                Ok(c) => (c, Some(e.revision)),
+                Err(err) => {
+                    warn!(chat_id = key, error = %err, "chat record unreadable; starting it afresh");
+                    (empty(chat), Some(e.revision))
+                }
+            },
+            Some(e) => (empty(chat), Some(e.revision)),
+            None => (empty(chat), None),
+        };
+        let (write, result) = change(&mut record);
+        if !write {
+            return Ok(result);
+        }
+        let value = Bytes::from(bus.codec.encode(&record)?);
+        let written = match revision {
+            Some(rev) => bus.chats.update(key, value, rev).await.map_err(|e| {
+                (
+                    e.kind() == UpdateErrorKind::WrongLastRevision,
+                    e.to_string(),
+                )
+            }),
+            None => bus
+                .chats
+                .create(key, value)
+                .await
+                .map_err(|e| (e.kind() == CreateErrorKind::AlreadyExists, e.to_string())),
+        };
+        match written {
+            Ok(_) => return Ok(result),
+            Err((true, _)) => continue,
+            Err((false, e)) => return Err(BusError::kv(format!("write chat {key}"), e)),
+        }
+    }
+    Err(BusError::kv(
+        format!("write chat {key}"),
+        "still conflicting",
+    ))
+}
+
+/// A new turn joins its chat: it becomes the live turn if there is none (returns the history to
+/// give it), else it waits its turn (returns `None`). Idempotent for a turn already there.
+pub async fn join(
+    bus: &Bus,
+    chat: &ChatId,
+    turn: &TurnId,
+) -> Result<Option<Vec<HistoryEntry>>, BusError> {
+    update(bus, chat, |c| {
+        if c.live.as_ref() == Some(turn) {
+            return (false, Some(c.history.clone()));
+        }
+        if c.waiting.contains(turn) {
+            return (false, None);
+        }
+        if c.live.is_none() {
+            c.live = Some(turn.clone());
+            (true, Some(c.history.clone()))
+        } else {
+            c.waiting.push(turn.clone());
+            (true, None)
+        }
+    })
+    .await
+}
+
+/// A turn ended: if it was the live one, its message and bot replies join the history and the
+/// next waiting turn becomes live; if it was waiting (killed), it leaves the queue. Returns the
+/// chat's live turn afterwards (with the history to give it), which the caller admits —
+/// idempotent, so this is safe to carry out again after a crash.
+pub async fn release(
+    bus: &Bus,
+    record: &TurnRecord,
+    history_limit: usize,
+) -> Result<Option<(TurnId, Vec<HistoryEntry>)>, BusError> {
+    // Read outside the CAS loop: the replies are settled once the turn has ended.
+    let was_live = bus
+        .chats
+        .get(record.chat.as_str())
+        .await
+        .ok()
+        .flatten()
+        .and_then(|v| decode_kv::<ChatRecord>(&v).ok())
+        .is_some_and(|c| c.live.as_ref() == Some(&record.turn));
+    let replies = if was_live && record.attempts.iter().any(|a| a.started_at.is_some()) {
+        bot_messages(bus, record).await?
+    } else {
+        Vec::new()
+    };
+    update(bus, &record.chat, |c| {
+        let mut changed = false;
+        if c.live.as_ref() == Some(&record.turn) {
+            c.history.push(HistoryEntry {
+                role: Role::User,
+                text: record.message.text.clone(),
+            });
+            c.history.extend(replies.iter().map(|text| HistoryEntry {
+                role: Role::Bot,
+                text: text.clone(),
+            }));
+            let excess = c.history.len().saturating_sub(history_limit);
+            c.history.drain(..excess);
+            c.live = if c.waiting.is_empty() {
+                None
+            } else {
+                Some(c.waiting.remove(0))
+            };
+            changed = true;
+        } else if let Some(i) = c.waiting.iter().position(|t| t == &record.turn) {
+            c.waiting.remove(i);
+            changed = true;
+        }
+        let next = c.live.clone().map(|t| (t, c.history.clone()));
+        (changed, next)
+    })
+    .await
+}
+
+/// The bot messages a turn landed, read back from the chat's outbound stream (they are the
+/// truth; the runner's claims are not), from the turn's first attempt on.
+async fn bot_messages(bus: &Bus, record: &TurnRecord) -> Result<Vec<String>, BusError> {
+    let since = record
+        .attempts
+        .iter()
+        .filter_map(|a| a.published_at.or(a.started_at))
+        .min()
+        .unwrap_or(record.created_at);
+    let start = since.to_system_time() - Duration::from_secs(1);
+    let stream = bus
+        .js
+        .get_stream(subjects::STREAM_CHAT_OUT)
+        .await
+        .map_err(|e| BusError::kv("open chat-out stream", e))?;
+    let consumer = stream
+        .create_consumer(OrderedConfig {
+            filter_subject: subjects::chat_out(&record.chat),
+            deliver_policy: DeliverPolicy::ByStartTime {
+                start_time: start.into(),
+            },
+            ..Default::default()
+        })
+        .await
+        .map_err(|e| BusError::kv("scan chat-out", e))?;
+    let mut messages = consumer
+        .messages()
+        .await
+        .map_err(|e| BusError::kv("scan chat-out", e))?;
+    let mut out = Vec::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let next = tokio::time::timeout_at(deadline, messages.next()).await;
+        let Ok(Some(Ok(m))) = next else { break };
+        if let Ok(item) = crate::decode::<OutboundItem>(m.headers.as_ref(), &m.payload) {
+            if item.turn == record.turn && item.kind == OutboundKind::Message {
+                out.push(item.text);
+            }
+        }
+        if m.info().map(|i| i.pending == 0).unwrap_or(true) {
+            break;
+        }
+    }
+    Ok(out)
+}
+
+/// Flag the chat errored for operators (once per turn).
+pub async fn flag_errored(bus: &Bus, record: &TurnRecord, reason: &str) -> Result<(), BusError> {
+    update(bus, &record.chat, |c| {
+        if c.errored.as_ref().is_some_and(|e| e.turn == record.turn) {
+            return (false, ());
+        }
+        c.errored = Some(turnpike_core::wire::ChatError {
+            turn: record.turn.clone(),
+            at: now(),
+            reason: reason.to_owned(),
+        });
+        (true, ())
+    })
+    .await
+}

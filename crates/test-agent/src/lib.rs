@@ -18,6 +18,9 @@
 //! | `attachments` | replies, per attachment, its path, size and FNV-1a hash (tests check bytes) |
 //! | anything else | echoes the text back |
 //!
+//! The modifier `with-attachments` makes the agent send a status line describing its attachments
+//! (path, size, FNV-1a) first and append the same to replies.
+//!
 //! The modifier `show-prompt` anywhere in the text makes the agent send its prompt as a status
 //! line first and quote it in replies (tests read the retry preamble that way).
 
@@ -93,20 +96,38 @@ pub fn run() -> ! {
     );
     let text = input.message.text.trim().to_owned();
     let show_prompt = text.split_whitespace().any(|w| w == "show-prompt");
+    let with_attachments = text.split_whitespace().any(|w| w == "with-attachments");
+    let attachment_summary = || {
+        input
+            .attachments
+            .iter()
+            .map(|path| match std::fs::read(path) {
+                Ok(bytes) => format!("{path} {} {}", bytes.len(), fnv1a(&bytes)),
+                Err(e) => format!("{path} unreadable: {e}"),
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
     if show_prompt {
         // Visible even on attempts that then die: status lines never count as a reply.
         status(&format!("prompt: {}", input.prompt));
     }
+    if with_attachments {
+        status(&format!("attachments: {}", attachment_summary()));
+    }
     let reply = |body: &str| {
-        if show_prompt {
-            message(&format!("{body} | prompt: {}", input.prompt));
-        } else {
-            message(body);
+        let mut body = body.to_owned();
+        if with_attachments {
+            body = format!("{body} | attachments: {}", attachment_summary());
         }
+        if show_prompt {
+            body = format!("{body} | prompt: {}", input.prompt);
+        }
+        message(&body);
     };
     let directive = text
         .split_whitespace()
-        .find(|w| *w != "show-prompt")
+        .find(|w| *w != "show-prompt" && *w != "with-attachments")
         .unwrap_or("");
     let (name, arg) = match directive.split_once(':') {
         Some((n, a)) => (n, Some(a)),
@@ -194,14 +215,7 @@ pub fn run() -> ! {
             result_ok();
         }
         "attachments" => {
-            let mut lines = Vec::new();
-            for path in &input.attachments {
-                match std::fs::read(path) {
-                    Ok(bytes) => lines.push(format!("{path} {} {}", bytes.len(), fnv1a(&bytes))),
-                    Err(e) => lines.push(format!("{path} unreadable: {e}")),
-                }
-            }
-            reply(&lines.join("\n"));
+            message(&attachment_summary());
             result_ok();
         }
         "flood" => {

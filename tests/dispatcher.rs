@@ -1,0 +1,223 @@
+//! The dispatcher and the chat boundary with a real nats-server: per-chat order, history,
+//! attachments (again on a retry), live progress, refused input.
+
+use std::time::Duration;
+use turnpike_core::lifecycle::TurnState;
+use turnpike_core::wire::{OutboundKind, Role};
+use turnpike_tests::*;
+
+const AGENT: &str = env!("CARGO_BIN_EXE_test-agent");
+const T: Duration = Duration::from_secs(60);
+
+#[tokio::test]
+async fn one_chat_runs_in_order_while_other_chats_run_in_parallel() {
+    let p = Pipeline::start(AGENT, |c| c.runner_slots = 4).await;
+    let a1 = send(&p.bus, "order-a", "a1", "sleep:0.7").await;
+    let a2 = send(&p.bus, "order-a", "a2", "sleep:0.7").await;
+    let a3 = send(&p.bus, "order-a", "a3", "reply:third").await;
+    let b1 = send(&p.bus, "order-b", "b1", "sleep:0.7").await;
+    let c1 = send(&p.bus, "order-c", "c1", "sleep:0.7").await;
+    let mut recs = Vec::new();
+    for t in [&a1, &a2, &a3, &b1, &c1] {
+        let r = wait_ended(&p.bus, t, T).await;
+        assert_eq!(r.state, TurnState::Done, "{t}");
+        recs.push(r);
+    }
+    let start = |i: usize| recs[i].attempts[0].started_at.expect("started");
+    let end = |i: usize| recs[i].attempts[0].exit.as_ref().expect("exit").ended_at;
+    // a1 → a2 → a3, one after another.
+    assert!(start(1) >= end(0), "a2 started before a1 ended");
+    assert!(start(2) >= end(1), "a3 started before a2 ended");
+    // b1 and c1 did not wait for chat a.
+    assert!(
+        start(3) < end(0) && start(4) < end(0),
+        "other chats waited for chat a"
+    );
+    // The replies arrived in order.
+    let texts: Vec<_> = visible_items(&p.bus, "order-a")
+        .await
+        .into_iter()
+        .map(|i| i.turn)
+        .collect();
+    assert_eq!(texts, vec![a1.clone(), a2.clone(), a3.clone()]);
+    p.stop().await;
+}
+
+#[tokio::test]
+async fn the_second_turns_history_holds_the_first_turns_reply() {
+    let p = Pipeline::start(AGENT, |_| {}).await;
+    let t1 = send(&p.bus, "hist", "h1", "reply:first answer").await;
+    let t2 = send(&p.bus, "hist", "h2", "reply:second answer").await;
+    wait_ended(&p.bus, &t1, T).await;
+    let r2 = wait_ended(&p.bus, &t2, T).await;
+    let history: Vec<_> = r2
+        .history
+        .iter()
+        .map(|h| (h.role, h.text.as_str()))
+        .collect();
+    assert_eq!(
+        history,
+        vec![
+            (Role::User, "reply:first answer"),
+            (Role::Bot, "first answer")
+        ]
+    );
+    p.stop().await;
+}
+
+#[tokio::test]
+async fn history_is_bounded_by_history_limit() {
+    let p = Pipeline::start(AGENT, |c| c.history_limit = 3).await;
+    let mut last = None;
+    for i in 0..4 {
+        last = Some(send(&p.bus, "bounded", &format!("b{i}"), &format!("reply:r{i}")).await);
+    }
+    let r = wait_ended(&p.bus, last.as_ref().expect("a turn"), T).await;
+    let history: Vec<_> = r.history.iter().map(|h| h.text.as_str()).collect();
+    assert_eq!(history, vec!["r1", "reply:r2", "r2"], "the last 3 entries");
+    p.stop().await;
+}
+
+#[tokio::test]
+async fn attachments_reach_the_agent_byte_for_byte_and_again_on_a_retry() {
+    let p = Pipeline::start(AGENT, |_| {}).await;
+    let content: Vec<u8> = (0..100_000u32).map(|i| (i * 7 % 251) as u8).collect();
+    let mut reader: &[u8] = &content;
+    p.bus
+        .attachments
+        .put("att/a1/notes.bin", &mut reader)
+        .await
+        .expect("upload");
+    let turn = send_with_attachment(
+        &p.bus,
+        "att",
+        "a1",
+        "die-until:2 with-attachments",
+        "notes.bin",
+        "att/a1/notes.bin",
+    )
+    .await;
+    let record = wait_ended(&p.bus, &turn, T).await;
+    assert_eq!(record.state, TurnState::Done);
+    assert_eq!(record.attempts.len(), 2);
+    let want = format!("{} {}", content.len(), fnv1a(&content));
+    let items = chat_items(&p.bus, "att").await;
+    for k in 1..=2u32 {
+        let seen = items
+            .iter()
+            .find(|i| {
+                i.kind == OutboundKind::Status
+                    && i.attempt == k
+                    && i.text.starts_with("attachments:")
+            })
+            .expect("the agent described its attachments");
+        assert!(
+            seen.text.ends_with(&format!("notes.bin {want}")),
+            "attempt {k}: {}",
+            seen.text
+        );
+    }
+    p.stop().await;
+}
+
+#[tokio::test]
+async fn status_updates_share_one_status_id_and_a_final_item_closes_it() {
+    let p = Pipeline::start(AGENT, |_| {}).await;
+    let turn = send(&p.bus, "prog", "p1", "status:3").await;
+    wait_ended(&p.bus, &turn, T).await;
+    let items = chat_items(&p.bus, "prog").await;
+    let status: Vec<_> = items
+        .iter()
+        .filter(|i| i.kind == OutboundKind::Status)
+        .collect();
+    assert_eq!(
+        status.len(),
+        4,
+        "three updates and the final one: {items:?}"
+    );
+    let id = status[0].status_id.clone().expect("status id");
+    assert!(status
+        .iter()
+        .all(|s| s.status_id.as_deref() == Some(id.as_str())));
+    assert!(status[..3].iter().all(|s| !s.r#final));
+    assert!(status[3].r#final);
+    assert_eq!(status[0].text, "working 1/3");
+    p.stop().await;
+}
+
+#[tokio::test]
+async fn a_killed_waiting_turn_leaves_the_queue_and_the_next_one_runs() {
+    let p = Pipeline::start(AGENT, |_| {}).await;
+    let first = send(&p.bus, "q", "q1", "sleep:1.5").await;
+    let second = send(&p.bus, "q", "q2", "reply:never").await;
+    let third = send(&p.bus, "q", "q3", "reply:third").await;
+    wait_state(&p.bus, &second, TurnState::Waiting).await;
+    let r = ops(
+        &p.bus,
+        turnpike_core::subjects::OPS_KILL,
+        serde_json::json!({"by": "op", "turn": second}),
+    )
+    .await;
+    assert!(r.ok, "{r:?}");
+    assert_eq!(wait_ended(&p.bus, &first, T).await.state, TurnState::Done);
+    assert_eq!(
+        wait_ended(&p.bus, &second, T).await.state,
+        TurnState::Killed
+    );
+    assert_eq!(wait_ended(&p.bus, &third, T).await.state, TurnState::Done);
+    let turns: Vec<_> = visible_items(&p.bus, "q")
+        .await
+        .into_iter()
+        .map(|i| i.turn)
+        .collect();
+    assert_eq!(turns, vec![first, third]);
+    p.stop().await;
+}
+
+#[tokio::test]
+async fn an_attachment_over_the_limit_gets_a_clear_error_reply() {
+    let p = Pipeline::start(AGENT, |c| {
+        c.attachment_max_bytes = turnpike_config::ByteSize(1000)
+    })
+    .await;
+    let mut reader: &[u8] = &[0u8; 5000];
+    p.bus
+        .attachments
+        .put("big/b1/big.bin", &mut reader)
+        .await
+        .expect("upload");
+    let turn =
+        send_with_attachment(&p.bus, "big", "b1", "reply:x", "big.bin", "big/b1/big.bin").await;
+    let missing = send_with_attachment(
+        &p.bus,
+        "big",
+        "b2",
+        "reply:x",
+        "gone.bin",
+        "big/b2/gone.bin",
+    )
+    .await;
+    let items = turnpike_testkit::eventually(T, "two error replies", || async {
+        let items = visible_items(&p.bus, "big").await;
+        (items.len() >= 2).then_some(items)
+    })
+    .await;
+    assert_eq!(items[0].turn, turn);
+    assert!(
+        items[0].text.contains("is 5000 bytes; the limit is 1000B"),
+        "{}",
+        items[0].text
+    );
+    assert_eq!(items[1].turn, missing);
+    assert!(
+        items[1].text.contains("not in the object store"),
+        "{}",
+        items[1].text
+    );
+    assert!(items.iter().all(|i| i.kind == OutboundKind::Notice));
+    assert_eq!(dead_letters(&p.bus).await.len(), 2);
+    // The refused messages made no turn; the chat is free for the next one.
+    let ok = send(&p.bus, "big", "b3", "reply:fine").await;
+    assert_eq!(wait_ended(&p.bus, &ok, T).await.state, TurnState::Done);
+    p.stop().await;
+}

@@ -22,6 +22,9 @@ fi
 export TURNPIKE_NATS_SERVER="$nats"
 echo "using $("$nats" --version) at $nats"
 
+# A client that is not Turnpike's, to show the stored data is readable.
+python3 -c "import nats" 2>/dev/null || python3 -m pip install --quiet --disable-pip-version-check "nats-py==2.16.0"
+
 # The Docker tests need the test agent image (built locally, FROM scratch, no registry).
 bash deploy/build-images.sh
 

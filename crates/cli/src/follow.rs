@@ -5,9 +5,9 @@ use futures::StreamExt;
 use std::io::Write;
 use std::time::Duration;
 use turnpike_core::lifecycle::TurnState;
-use turnpike_core::wire::{InboundMessage, OutboundItem, OutboundKind};
+use turnpike_core::wire::{Attachment, InboundMessage, OutboundItem, OutboundKind};
 use turnpike_core::{subjects, ChatId, TurnId, TurnRecord, FORMAT_VERSION};
-use turnpike_jetstream::{decode, decode_kv, now, Bus, Publish};
+use turnpike_jetstream::{decode, decode_kv, Bus, Publish};
 
 /// How a followed turn ended, as an exit code for scripts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -78,15 +78,41 @@ impl Printer {
     }
 }
 
+/// Upload files to the object store as `<chat>/<message id>/<file name>`.
+pub async fn upload(
+    bus: &Bus,
+    chat: &ChatId,
+    id: &str,
+    files: &[std::path::PathBuf],
+) -> Result<Vec<Attachment>> {
+    let mut out = Vec::new();
+    for f in files {
+        let name = f
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .with_context(|| format!("{} has no file name", f.display()))?;
+        let object = format!("{chat}/{id}/{name}");
+        let mut file = tokio::fs::File::open(f)
+            .await
+            .with_context(|| format!("open {}", f.display()))?;
+        bus.attachments
+            .put(object.as_str(), &mut file)
+            .await
+            .map_err(|e| anyhow::anyhow!("upload {} to the object store: {e}", f.display()))?;
+        out.push(Attachment { name, object });
+    }
+    Ok(out)
+}
+
 pub async fn send_and_follow(
     bus: &Bus,
     chat: &ChatId,
-    id: Option<String>,
+    id: String,
+    attachments: Vec<Attachment>,
     text: &str,
     timeout: Duration,
     printer: &mut Printer,
 ) -> Result<FollowOutcome> {
-    let id = id.unwrap_or_else(|| format!("cli-{}-{}", now().millis(), std::process::id()));
     let turn = TurnId::for_message(chat, &id);
     let sub = bus
         .client
@@ -104,7 +130,7 @@ pub async fn send_and_follow(
         chat: chat.clone(),
         text: text.to_owned(),
         sender: Some("turnpike-cli".into()),
-        attachments: Vec::new(),
+        attachments,
     };
     Publish::new(bus.codec, subjects::chat_in(chat), &message)?
         .msg_id(&id)
@@ -170,6 +196,7 @@ fn print_item(turn: &TurnId, m: &async_nats::Message, printer: &mut Printer) {
     }
     match item.kind {
         OutboundKind::Message => printer.line(&format!("bot: {}", item.text)),
+        OutboundKind::Status if item.r#final => {}
         OutboundKind::Status => printer.line(&format!("   … {}", item.text)),
         OutboundKind::Notice => printer.line(&item.text),
     }

@@ -2,6 +2,7 @@
 
 mod follow;
 mod nats_server;
+mod operator;
 mod up;
 
 use anyhow::{Context, Result};
@@ -22,6 +23,9 @@ struct Cli {
     /// Config file (default: $TURNPIKE_CONFIG, else ./turnpike.toml if present).
     #[arg(long, global = true, value_name = "FILE")]
     config: Option<PathBuf>,
+    /// Machine-readable JSON instead of tables.
+    #[arg(long, global = true)]
+    json: bool,
     #[command(subcommand)]
     command: Command,
 }
@@ -50,7 +54,32 @@ enum Command {
         /// Stop following after this long.
         #[arg(long, default_value = "5m", value_parser = humantime::parse_duration)]
         timeout: Duration,
+        /// A file to attach (repeatable); uploaded to the object store first.
+        #[arg(long = "attach", value_name = "FILE")]
+        attach: Vec<PathBuf>,
         text: String,
+    },
+    /// Turns: list, show, kill, re-run.
+    Turns {
+        #[command(subcommand)]
+        cmd: operator::TurnsCmd,
+    },
+    /// Chats flagged errored, and clearing them.
+    Chats {
+        #[command(subcommand)]
+        cmd: operator::ChatsCmd,
+    },
+    /// Runners with their slots in use and last heartbeat.
+    Runners,
+    /// Queue depth, running turns, pending retries, recent give-ups, capacity.
+    Status,
+    /// Live view of turns across the cluster (Ctrl-C stops it).
+    Watch {
+        #[arg(long)]
+        chat: Option<String>,
+        /// Stop after this many changes (for scripts).
+        #[arg(long, hide = true)]
+        limit: Option<usize>,
     },
     /// The built-in test agent (reads an input document on stdin); used by the process backend.
     #[command(hide = true)]
@@ -111,7 +140,7 @@ fn main() -> std::process::ExitCode {
             return std::process::ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(run(cli.command, config)) {
+    match runtime.block_on(run(cli.command, config, cli.json)) {
         Ok(code) => code,
         Err(e) => {
             eprintln!("turnpike: {e:#}");
@@ -120,7 +149,7 @@ fn main() -> std::process::ExitCode {
     }
 }
 
-async fn run(command: Command, config: Config) -> Result<std::process::ExitCode> {
+async fn run(command: Command, config: Config, json: bool) -> Result<std::process::ExitCode> {
     use std::process::ExitCode;
     match command {
         Command::Up { demo } => {
@@ -158,20 +187,50 @@ async fn run(command: Command, config: Config) -> Result<std::process::ExitCode>
             chat,
             id,
             timeout,
+            attach,
             text,
         } => {
-            let bus = Bus::connect(&config, "turnpike-send").await?;
             let chat = turnpike_core::ChatId::new(chat).context("--chat")?;
+            let bus = Bus::connect(&config, "turnpike-send").await?;
+            let id = id.unwrap_or_else(|| {
+                format!(
+                    "cli-{}-{}",
+                    turnpike_jetstream::now().millis(),
+                    std::process::id()
+                )
+            });
+            let attachments = follow::upload(&bus, &chat, &id, &attach).await?;
             let outcome = follow::send_and_follow(
                 &bus,
                 &chat,
                 id,
+                attachments,
                 &text,
                 timeout,
                 &mut follow::Printer::stdout(),
             )
             .await?;
             Ok(outcome.exit_code())
+        }
+        Command::Turns { cmd } => {
+            let bus = Bus::connect(&config, "turnpike-cli").await?;
+            operator::turns_cmd(&bus, cmd, json).await
+        }
+        Command::Chats { cmd } => {
+            let bus = Bus::connect(&config, "turnpike-cli").await?;
+            operator::chats_cmd(&bus, cmd, json).await
+        }
+        Command::Runners => {
+            let bus = Bus::connect(&config, "turnpike-cli").await?;
+            operator::runners_cmd(&bus, json).await
+        }
+        Command::Status => {
+            let bus = Bus::connect(&config, "turnpike-cli").await?;
+            operator::status_cmd(&bus, json).await
+        }
+        Command::Watch { chat, limit } => {
+            let bus = Bus::connect(&config, "turnpike-cli").await?;
+            operator::watch_cmd(&bus, chat, json, limit).await
         }
         Command::TestAgent => turnpike_test_agent::run(),
     }

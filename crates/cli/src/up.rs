@@ -158,7 +158,8 @@ async fn script(bus: &Bus, config: &Config) -> Result<bool> {
         let outcome = follow::send_and_follow(
             bus,
             &chat,
-            Some(format!("demo-{}-{i}", turnpike_jetstream::now().millis())),
+            format!("demo-{}-{i}", turnpike_jetstream::now().millis()),
+            Vec::new(),
             text,
             Duration::from_secs(120) + config.retry_delay * limit,
             &mut Printer::indented("  "),

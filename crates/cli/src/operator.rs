@@ -1,0 +1,496 @@
+//! Operator commands: `turns`, `chats`, `runners`, `status`, `watch`. Human tables by default,
+//! `--json` for scripts. Reads go straight to the KV buckets and streams; actions go to the
+//! coordinators' `turnpike.ops.*` service, so they are applied with the same rules as everything
+//! else.
+
+use anyhow::{bail, Context, Result};
+use clap::Subcommand;
+use futures::StreamExt;
+use serde::Serialize;
+use std::process::ExitCode;
+use std::time::Duration;
+use turnpike_core::lifecycle::TurnState;
+use turnpike_core::wire::{ChatRecord, OpsReply, RunnerPresence};
+use turnpike_core::{subjects, ChatId, TurnId, TurnRecord};
+use turnpike_jetstream::{decode_kv, now, turns, Bus};
+
+#[derive(Subcommand)]
+pub enum TurnsCmd {
+    /// List turns: those not yet ended, or every stored turn with --all.
+    Ls {
+        #[arg(long, value_parser = parse_state)]
+        state: Option<TurnState>,
+        #[arg(long)]
+        chat: Option<String>,
+        /// Every stored turn, ended ones included (reads the whole bucket).
+        #[arg(long)]
+        all: bool,
+    },
+    /// Everything about one turn: every attempt, its runner, times, exit, messages landed.
+    Show { turn: String },
+    /// Kill a turn (its running attempt, or its pending retry).
+    Kill {
+        turn: String,
+        #[arg(long, default_value_t = default_operator())]
+        by: String,
+    },
+    /// Run an ended turn again, as a new turn linked to it.
+    Rerun {
+        turn: String,
+        #[arg(long, default_value_t = default_operator())]
+        by: String,
+    },
+}
+
+#[derive(Subcommand)]
+pub enum ChatsCmd {
+    /// Chats flagged errored (a turn gave up, or the agent could not start).
+    Errored,
+    /// Clear a chat's errored flag.
+    Clear {
+        chat: String,
+        #[arg(long, default_value_t = default_operator())]
+        by: String,
+    },
+}
+
+fn parse_state(s: &str) -> Result<TurnState, String> {
+    s.parse()
+}
+
+fn default_operator() -> String {
+    std::env::var("USER").unwrap_or_else(|_| "operator".into())
+}
+
+/// Columns padded to their widest cell.
+fn table(headers: &[&str], rows: &[Vec<String>]) {
+    let mut widths: Vec<usize> = headers.iter().map(|h| h.chars().count()).collect();
+    for r in rows {
+        for (w, c) in widths.iter_mut().zip(r) {
+            *w = (*w).max(c.chars().count());
+        }
+    }
+    let line = |cells: Vec<String>| {
+        let parts: Vec<String> = cells
+            .iter()
+            .zip(&widths)
+            .map(|(c, w)| format!("{c:<w$}"))
+            .collect();
+        println!("{}", parts.join("  ").trim_end());
+    };
+    line(headers.iter().map(|h| h.to_string()).collect());
+    for r in rows {
+        line(r.clone());
+    }
+}
+
+fn print_json<T: Serialize>(value: &T) -> Result<()> {
+    println!("{}", serde_json::to_string_pretty(value)?);
+    Ok(())
+}
+
+fn age(t: turnpike_core::Timestamp) -> String {
+    let d = now().since(t);
+    let secs = d.as_secs();
+    if secs < 120 {
+        format!("{secs}s ago")
+    } else if secs < 7200 {
+        format!("{}m ago", secs / 60)
+    } else {
+        format!("{}h ago", secs / 3600)
+    }
+}
+
+async fn keys(kv: &async_nats::jetstream::kv::Store) -> Result<Vec<String>> {
+    let mut out = Vec::new();
+    let mut keys = match kv.keys().await {
+        Ok(k) => k,
+        Err(e) => bail!("cannot list keys: {e}"),
+    };
+    while let Some(k) = keys.next().await {
+        out.push(k.context("list keys")?);
+    }
+    out.sort();
+    Ok(out)
+}
+
+pub async fn turns_cmd(bus: &Bus, cmd: TurnsCmd, json: bool) -> Result<ExitCode> {
+    match cmd {
+        TurnsCmd::Ls { state, chat, all } => {
+            let ids = keys(if all { &bus.turns } else { &bus.live }).await?;
+            let mut records = Vec::new();
+            for id in ids {
+                let Ok(turn) = TurnId::new(id) else { continue };
+                if let Some(v) = turns::load(bus, &turn).await? {
+                    let r = v.record;
+                    if state.is_some_and(|s| s != r.state) {
+                        continue;
+                    }
+                    if chat.as_deref().is_some_and(|c| c != r.chat.as_str()) {
+                        continue;
+                    }
+                    records.push(r);
+                }
+            }
+            records.sort_by_key(|r| r.created_at);
+            if json {
+                print_json(&records)?;
+            } else {
+                let rows: Vec<Vec<String>> = records
+                    .iter()
+                    .map(|r| {
+                        vec![
+                            r.turn.to_string(),
+                            r.chat.to_string(),
+                            r.state.to_string(),
+                            format!("{}/{}", r.attempt, r.max_attempts),
+                            age(r.updated_at),
+                        ]
+                    })
+                    .collect();
+                table(&["TURN", "CHAT", "STATE", "ATTEMPT", "UPDATED"], &rows);
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        TurnsCmd::Show { turn } => {
+            let id = TurnId::new(turn.as_str()).context("turn id")?;
+            let Some(v) = turns::load(bus, &id).await? else {
+                bail!("no turn {turn} (see `turnpike turns ls --all`)");
+            };
+            if json {
+                print_json(&v.record)?;
+            } else {
+                show(&v.record);
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        TurnsCmd::Kill { turn, by } => {
+            action(
+                bus,
+                subjects::OPS_KILL,
+                serde_json::json!({"by": by, "turn": turn}),
+                json,
+            )
+            .await
+        }
+        TurnsCmd::Rerun { turn, by } => {
+            action(
+                bus,
+                subjects::OPS_RERUN,
+                serde_json::json!({"by": by, "turn": turn}),
+                json,
+            )
+            .await
+        }
+    }
+}
+
+fn show(r: &TurnRecord) {
+    println!("turn      {}", r.turn);
+    println!("chat      {}", r.chat);
+    println!("state     {}", r.state);
+    println!(
+        "attempts  {} of {} (MAX_TURN_RETRY={} when created)",
+        r.attempt, r.max_attempts, r.max_turn_retry
+    );
+    println!("created   {}", r.created_at);
+    println!("message   {}", r.message.text);
+    if let Some(o) = &r.outcome {
+        println!("outcome   {:?} at {}", o.reason, o.at);
+    }
+    if let Some(n) = &r.notice {
+        println!("notice    {}", n.text);
+    }
+    if let Some(k) = &r.kill {
+        println!("killed by {} at {}", k.by, k.at);
+    }
+    if let Some(of) = &r.rerun_of {
+        println!("rerun of  {of}");
+    }
+    if let Some(due) = r.next_attempt_due {
+        println!("next due  {due}");
+    }
+    println!();
+    let rows: Vec<Vec<String>> = r
+        .attempts
+        .iter()
+        .map(|a| {
+            let exit = a.exit.as_ref();
+            vec![
+                a.n.to_string(),
+                a.runner
+                    .as_ref()
+                    .map(|x| x.to_string())
+                    .unwrap_or_else(|| "-".into()),
+                a.published_at
+                    .map(|t| t.to_string())
+                    .unwrap_or_else(|| "-".into()),
+                a.started_at
+                    .map(|t| t.to_string())
+                    .unwrap_or_else(|| "-".into()),
+                exit.map(|e| e.ended_at.to_string())
+                    .unwrap_or_else(|| "-".into()),
+                exit.map(|e| format!("{:?}", e.class).to_lowercase())
+                    .unwrap_or_else(|| "-".into()),
+                a.messages_landed.to_string(),
+                if a.preamble.is_some() { "yes" } else { "no" }.into(),
+            ]
+        })
+        .collect();
+    table(
+        &[
+            "#",
+            "RUNNER",
+            "PUBLISHED",
+            "STARTED",
+            "ENDED",
+            "EXIT",
+            "LANDED",
+            "PREAMBLE",
+        ],
+        &rows,
+    );
+    for a in &r.attempts {
+        if let Some(err) = a.exit.as_ref().and_then(|e| e.error.as_ref()) {
+            println!("attempt {}: {err}", a.n);
+        }
+    }
+}
+
+async fn action(bus: &Bus, subject: &str, req: serde_json::Value, json: bool) -> Result<ExitCode> {
+    let reply = tokio::time::timeout(
+        Duration::from_secs(15),
+        bus.client
+            .request(subject.to_owned(), bytes::Bytes::from(req.to_string())),
+    )
+    .await
+    .map_err(|_| {
+        anyhow::anyhow!("no coordinator answered {subject} within 15 s — is a coordinator running?")
+    })?
+    .map_err(|e| {
+        anyhow::anyhow!("no coordinator answered {subject}: {e} — is a coordinator running?")
+    })?;
+    let answer: OpsReply = serde_json::from_slice(&reply.payload)
+        .with_context(|| format!("the coordinator's answer to {subject} is not an ops reply"))?;
+    if json {
+        print_json(&answer)?;
+    } else {
+        println!("{}", answer.message);
+    }
+    Ok(if answer.ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
+}
+
+pub async fn chats_cmd(bus: &Bus, cmd: ChatsCmd, json: bool) -> Result<ExitCode> {
+    match cmd {
+        ChatsCmd::Errored => {
+            let mut flagged = Vec::new();
+            for k in keys(&bus.chats).await? {
+                if let Ok(Some(v)) = bus.chats.get(&k).await {
+                    if let Ok(c) = decode_kv::<ChatRecord>(&v) {
+                        if c.errored.is_some() {
+                            flagged.push(c);
+                        }
+                    }
+                }
+            }
+            if json {
+                print_json(&flagged)?;
+            } else {
+                let rows: Vec<Vec<String>> = flagged
+                    .iter()
+                    .filter_map(|c| {
+                        c.errored.as_ref().map(|e| {
+                            vec![
+                                c.chat.to_string(),
+                                e.turn.to_string(),
+                                e.at.to_string(),
+                                e.reason.clone(),
+                            ]
+                        })
+                    })
+                    .collect();
+                table(&["CHAT", "TURN", "AT", "REASON"], &rows);
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        ChatsCmd::Clear { chat, by } => {
+            let chat = ChatId::new(chat).context("chat id")?;
+            action(
+                bus,
+                subjects::OPS_CLEAR,
+                serde_json::json!({"by": by, "chat": chat}),
+                json,
+            )
+            .await
+        }
+    }
+}
+
+async fn presences(bus: &Bus) -> Result<Vec<RunnerPresence>> {
+    let mut out = Vec::new();
+    for k in keys(&bus.runners).await? {
+        if let Ok(Some(v)) = bus.runners.get(&k).await {
+            if let Ok(p) = decode_kv::<RunnerPresence>(&v) {
+                out.push(p);
+            }
+        }
+    }
+    Ok(out)
+}
+
+pub async fn runners_cmd(bus: &Bus, json: bool) -> Result<ExitCode> {
+    let runners = presences(bus).await?;
+    if json {
+        print_json(&runners)?;
+    } else {
+        let rows: Vec<Vec<String>> = runners
+            .iter()
+            .map(|p| {
+                vec![
+                    p.runner.to_string(),
+                    p.host.clone(),
+                    p.backend.clone(),
+                    format!("{}/{}", p.slots_in_use, p.slots),
+                    p.version.clone(),
+                    age(p.at),
+                ]
+            })
+            .collect();
+        table(
+            &["RUNNER", "HOST", "BACKEND", "SLOTS", "VERSION", "HEARTBEAT"],
+            &rows,
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+#[derive(Debug, Serialize)]
+struct Status {
+    queue_depth: u64,
+    running: u64,
+    queued: u64,
+    pending_retry: u64,
+    waiting: u64,
+    gave_up_last_hour: u64,
+    runners: usize,
+    slots: u32,
+    slots_in_use: u32,
+}
+
+pub async fn status_cmd(bus: &Bus, json: bool) -> Result<ExitCode> {
+    let mut consumer: async_nats::jetstream::consumer::PullConsumer =
+        turnpike_jetstream::consume::durable(
+            &bus.js,
+            subjects::STREAM_WORK,
+            subjects::CONSUMER_RUNNERS,
+        )
+        .await?;
+    let queue_depth = consumer
+        .info()
+        .await
+        .context("read the work queue")?
+        .num_pending;
+    let mut s = Status {
+        queue_depth,
+        running: 0,
+        queued: 0,
+        pending_retry: 0,
+        waiting: 0,
+        gave_up_last_hour: 0,
+        runners: 0,
+        slots: 0,
+        slots_in_use: 0,
+    };
+    for id in keys(&bus.live).await? {
+        let Ok(turn) = TurnId::new(id) else { continue };
+        if let Some(v) = turns::load(bus, &turn).await? {
+            match v.record.state {
+                TurnState::Running => s.running += 1,
+                TurnState::Queued => s.queued += 1,
+                TurnState::PendingRetry => s.pending_retry += 1,
+                TurnState::Waiting => s.waiting += 1,
+                _ => {}
+            }
+        }
+    }
+    let hour_ago = now().millis().saturating_sub(3_600_000);
+    for k in keys(&bus.chats).await? {
+        if let Ok(Some(v)) = bus.chats.get(&k).await {
+            if let Ok(c) = decode_kv::<ChatRecord>(&v) {
+                if c.errored
+                    .is_some_and(|e| e.at.millis() >= hour_ago && e.reason.starts_with("gave up"))
+                {
+                    s.gave_up_last_hour += 1;
+                }
+            }
+        }
+    }
+    let runners = presences(bus).await?;
+    s.runners = runners.len();
+    s.slots = runners.iter().map(|r| r.slots).sum();
+    s.slots_in_use = runners.iter().map(|r| r.slots_in_use).sum();
+    if json {
+        print_json(&s)?;
+    } else {
+        println!(
+            "work queue      {} attempt(s) waiting for a runner",
+            s.queue_depth
+        );
+        println!(
+            "turns           {} running, {} queued, {} pending retry, {} waiting for their chat",
+            s.running, s.queued, s.pending_retry, s.waiting
+        );
+        println!("gave up (1 h)   {} chat(s) flagged", s.gave_up_last_hour);
+        println!(
+            "capacity        {} runner(s), {}/{} slots in use",
+            s.runners, s.slots_in_use, s.slots
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Follow every turn (or one chat's) as its record changes, until Ctrl-C or `limit` changes.
+pub async fn watch_cmd(
+    bus: &Bus,
+    chat: Option<String>,
+    json: bool,
+    limit: Option<usize>,
+) -> Result<ExitCode> {
+    let mut watch = bus
+        .turns
+        .watch_all()
+        .await
+        .context("watch the turns bucket")?;
+    let mut seen = 0;
+    while let Some(entry) = watch.next().await {
+        let Ok(entry) = entry else { continue };
+        let Ok(r) = decode_kv::<TurnRecord>(&entry.value) else {
+            continue;
+        };
+        if chat.as_deref().is_some_and(|c| c != r.chat.as_str()) {
+            continue;
+        }
+        if json {
+            println!("{}", serde_json::to_string(&r)?);
+        } else {
+            println!(
+                "{}  {}  {}  {:<13}  attempt {}/{}",
+                r.updated_at,
+                r.chat,
+                r.turn,
+                r.state.to_string(),
+                r.attempt,
+                r.max_attempts
+            );
+        }
+        seen += 1;
+        if limit.is_some_and(|l| seen >= l) {
+            break;
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,205 @@
+//! The `turnpike` CLI end to end on a running pipeline (real nats-server): output and exit codes.
+
+use std::process::Output;
+use std::time::Duration;
+use turnpike_tests::*;
+
+const TURNPIKE: &str = env!("CARGO_BIN_EXE_turnpike");
+const AGENT: &str = env!("CARGO_BIN_EXE_turnpike");
+
+async fn turnpike(url: &str, args: &[&str]) -> Output {
+    tokio::process::Command::new(TURNPIKE)
+        .args(args)
+        .env("TURNPIKE_NATS_URL", url)
+        .env("TURNPIKE_LOG", "error")
+        .env_remove("MAX_TURN_RETRY")
+        .output()
+        .await
+        .expect("run turnpike")
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+#[tokio::test]
+async fn operator_commands_on_a_running_pipeline() {
+    // The CLI binary doubles as the test agent (`turnpike test-agent`).
+    let agent = format!("{AGENT} test-agent");
+    let p = Pipeline::start(&agent, |c| c.max_turn_retry = 2).await;
+    let url = p.config.nats_url.clone();
+
+    // send: answered → exit 0, the reply printed.
+    let o = turnpike(
+        &url,
+        &["send", "--chat", "cli-1", "reply:hello from the CLI"],
+    )
+    .await;
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    assert!(
+        stdout(&o).contains("bot: hello from the CLI"),
+        "{}",
+        stdout(&o)
+    );
+    assert!(stdout(&o).contains("attempt 1 of 2"), "{}", stdout(&o));
+
+    // send: every attempt dies → the give-up notice, exit 4.
+    let o = turnpike(&url, &["send", "--chat", "cli-2", "die-until:99"]).await;
+    assert_eq!(o.status.code(), Some(4), "{}{}", stdout(&o), stderr(&o));
+    let out = stdout(&o);
+    assert!(out.contains("retrying in"), "{out}");
+    assert!(
+        out.contains("⚠ Agent couldn't complete this request after 2 attempts."),
+        "{out}"
+    );
+
+    // send --attach: the file reaches the agent.
+    let dir = tempfile::tempdir().expect("temp dir");
+    let file = dir.path().join("notes.txt");
+    std::fs::write(&file, b"attached bytes\n").expect("write");
+    let o = turnpike(
+        &url,
+        &[
+            "send",
+            "--chat",
+            "cli-3",
+            "--attach",
+            file.to_str().expect("utf-8"),
+            "attachments",
+        ],
+    )
+    .await;
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    assert!(
+        stdout(&o).contains(&format!("notes.txt 15 {}", fnv1a(b"attached bytes\n"))),
+        "{}",
+        stdout(&o)
+    );
+
+    // turns ls / show.
+    let o = turnpike(&url, &["turns", "ls", "--all", "--json"]).await;
+    assert_eq!(o.status.code(), Some(0));
+    let all: Vec<serde_json::Value> = serde_json::from_slice(&o.stdout).expect("JSON list");
+    assert_eq!(all.len(), 3);
+    let gave_up = all
+        .iter()
+        .find(|t| t["state"] == "gave_up")
+        .expect("the give-up turn");
+    let gave_up_id = gave_up["turn"].as_str().expect("turn id").to_owned();
+    let o = turnpike(&url, &["turns", "ls", "--all", "--state", "gave_up"]).await;
+    let table = stdout(&o);
+    assert!(table.starts_with("TURN"), "{table}");
+    assert!(
+        table.contains(&gave_up_id) && table.contains("2/2"),
+        "{table}"
+    );
+    assert_eq!(table.lines().count(), 2, "{table}");
+    let o = turnpike(&url, &["turns", "show", &gave_up_id]).await;
+    let shown = stdout(&o);
+    assert!(shown.contains("state     gave_up"), "{shown}");
+    assert!(shown.contains("crashed"), "{shown}");
+    assert!(shown.contains("PREAMBLE"), "{shown}");
+    let o = turnpike(&url, &["turns", "show", "t-nope"]).await;
+    assert_ne!(o.status.code(), Some(0));
+    assert!(stderr(&o).contains("no turn t-nope"), "{}", stderr(&o));
+
+    // kill after the end: refused, exit 1.
+    let o = turnpike(&url, &["turns", "kill", &gave_up_id]).await;
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        stdout(&o).contains("already ended (gave_up)"),
+        "{}",
+        stdout(&o)
+    );
+
+    // chats errored / clear.
+    let o = turnpike(&url, &["chats", "errored"]).await;
+    assert!(
+        stdout(&o).contains("cli-2") && stdout(&o).contains("gave up"),
+        "{}",
+        stdout(&o)
+    );
+    let o = turnpike(&url, &["chats", "clear", "cli-2", "--by", "tester"]).await;
+    assert_eq!(o.status.code(), Some(0), "{}", stdout(&o));
+    let o = turnpike(&url, &["chats", "clear", "cli-2"]).await;
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stdout(&o).contains("not flagged"));
+
+    // rerun: a new turn.
+    let o = turnpike(&url, &["turns", "rerun", &gave_up_id, "--json"]).await;
+    assert_eq!(o.status.code(), Some(0), "{}", stdout(&o));
+    let reply: serde_json::Value = serde_json::from_slice(&o.stdout).expect("JSON");
+    assert_ne!(reply["turn"], gave_up_id);
+
+    // runners and status.
+    let o = turnpike(&url, &["runners", "--json"]).await;
+    let runners: Vec<serde_json::Value> = serde_json::from_slice(&o.stdout).expect("JSON");
+    assert_eq!(runners.len(), 1);
+    assert_eq!(runners[0]["slots"], 2);
+    let o = turnpike(&url, &["status", "--json"]).await;
+    assert_eq!(o.status.code(), Some(0));
+    let status: serde_json::Value = serde_json::from_slice(&o.stdout).expect("JSON");
+    assert_eq!(status["runners"], 1);
+    assert_eq!(status["slots"], 2);
+    let o = turnpike(&url, &["status"]).await;
+    assert!(
+        stdout(&o).contains("capacity        1 runner(s)"),
+        "{}",
+        stdout(&o)
+    );
+
+    // watch: sees a change live.
+    let watcher = tokio::spawn({
+        let url = url.clone();
+        async move {
+            turnpike(
+                &url,
+                &["watch", "--chat", "cli-4", "--limit", "1", "--json"],
+            )
+            .await
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let o = turnpike(&url, &["send", "--chat", "cli-4", "reply:watched"]).await;
+    assert_eq!(o.status.code(), Some(0));
+    let w = tokio::time::timeout(Duration::from_secs(20), watcher)
+        .await
+        .expect("watch saw a change")
+        .expect("watch ran");
+    let line: serde_json::Value = serde_json::from_slice(&w.stdout).expect("a JSON line");
+    assert_eq!(line["chat"], "cli-4");
+    p.stop().await;
+}
+
+#[tokio::test]
+async fn errors_say_what_failed_and_what_to_do() {
+    let o = turnpike("nats://127.0.0.1:1", &["status"]).await;
+    assert_ne!(o.status.code(), Some(0));
+    let err = stderr(&o);
+    assert!(
+        err.contains("cannot reach NATS at nats://127.0.0.1:1"),
+        "{err}"
+    );
+    assert!(err.contains("is `turnpike up`"), "{err}");
+
+    let o = tokio::process::Command::new(TURNPIKE)
+        .args(["status"])
+        .env("MAX_TURN_RETRY", "lots")
+        .output()
+        .await
+        .expect("run turnpike");
+    assert_eq!(o.status.code(), Some(2));
+    let err = stderr(&o);
+    assert!(
+        err.contains("MAX_TURN_RETRY") && err.contains("lots"),
+        "{err}"
+    );
+
+    let o = turnpike("nats://127.0.0.1:1", &["send", "--chat", "bad.chat", "x"]).await;
+    assert_ne!(o.status.code(), Some(0));
+    assert!(stderr(&o).contains("only A-Z"), "{}", stderr(&o));
+}

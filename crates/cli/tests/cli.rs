@@ -203,3 +203,57 @@ async fn errors_say_what_failed_and_what_to_do() {
     assert_ne!(o.status.code(), Some(0));
     assert!(stderr(&o).contains("only A-Z"), "{}", stderr(&o));
 }
+
+#[tokio::test]
+async fn turnpike_up_runs_the_pipeline_and_stops_cleanly_on_ctrl_c() {
+    let state = tempfile::tempdir().expect("state dir");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("free port")
+        .port();
+    let url = format!("nats://127.0.0.1:{port}");
+    let mut up = tokio::process::Command::new(TURNPIKE)
+        .arg("up")
+        .env("TURNPIKE_NATS_URL", &url)
+        .env("TURNPIKE_STATE_DIR", state.path())
+        .env("TURNPIKE_LOG", "warn")
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("start turnpike up");
+    // Ready once `send` gets an answer through it.
+    let o = turnpike_testkit::eventually(Duration::from_secs(60), "turnpike up answering", || {
+        let url = url.clone();
+        async move {
+            let o = turnpike(
+                &url,
+                &[
+                    "send",
+                    "--chat",
+                    "up",
+                    "--timeout",
+                    "20s",
+                    "reply:up and running",
+                ],
+            )
+            .await;
+            o.status.success().then_some(o)
+        }
+    })
+    .await;
+    assert!(stdout(&o).contains("bot: up and running"));
+    // Ctrl-C (SIGINT) stops every role and nats-server, and exits 0.
+    let pid = up.id().expect("pid").to_string();
+    let killed = std::process::Command::new("kill")
+        .args(["-INT", &pid])
+        .status()
+        .expect("kill -INT");
+    assert!(killed.success());
+    let status = tokio::time::timeout(Duration::from_secs(30), up.wait())
+        .await
+        .expect("turnpike up stopped within 30 s")
+        .expect("wait");
+    assert!(status.success(), "{status:?}");
+    // Its nats-server is gone too.
+    assert!(std::net::TcpStream::connect(("127.0.0.1", port)).is_err());
+}

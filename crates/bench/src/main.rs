@@ -1,0 +1,400 @@
+//! `turnpike-bench`: what the pipeline costs, each figure next to a baseline measured in the same
+//! run (shared machines are noisy, so ratios are what compare across runs).
+//!
+//! ```sh
+//! cargo run --release -p turnpike-bench -- all --write BENCHMARKS.md
+//! ```
+//!
+//! Every measurement starts its own nats-server (loopback, temporary store) and runs the roles in
+//! this process with the process backend; the agent is this binary (`turnpike-bench agent`).
+
+use anyhow::{Context, Result};
+use clap::{Parser, Subcommand};
+use futures::StreamExt;
+use std::fmt::Write as _;
+use std::time::{Duration, Instant};
+use tokio_util::sync::CancellationToken;
+use turnpike_config::{Backend, Config};
+use turnpike_core::codec::Codec;
+use turnpike_core::wire::{HistoryEntry, InboundMessage, OutboundItem, OutboundKind, Role, WorkItem};
+use turnpike_core::{subjects, ChatId, TurnId, FORMAT_VERSION};
+use turnpike_jetstream::{decode, turns, Bus, Publish};
+use turnpike_testkit::NatsServer;
+
+#[derive(Parser)]
+#[command(name = "turnpike-bench")]
+struct Cli {
+    #[command(subcommand)]
+    what: What,
+}
+
+#[derive(Subcommand)]
+enum What {
+    /// Every measurement below, one after another.
+    All {
+        /// Append the results to this Markdown file (e.g. BENCHMARKS.md).
+        #[arg(long)]
+        write: Option<std::path::PathBuf>,
+        /// Turns per pipeline run.
+        #[arg(long, default_value_t = 200)]
+        turns: usize,
+    },
+    /// The test agent (used by the process backend).
+    #[command(hide = true)]
+    Agent,
+}
+
+fn main() -> Result<()> {
+    let cli = Cli::parse();
+    match cli.what {
+        What::Agent => turnpike_test_agent::run(),
+        What::All { write, turns } => {
+            let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+            let report = rt.block_on(all(turns))?;
+            print!("{report}");
+            if let Some(path) = write {
+                let mut existing = std::fs::read_to_string(&path).unwrap_or_default();
+                if existing.is_empty() {
+                    existing.push_str(HEADER);
+                }
+                existing.push_str(&report);
+                std::fs::write(&path, existing).with_context(|| format!("write {}", path.display()))?;
+            }
+            Ok(())
+        }
+    }
+}
+
+const HEADER: &str = "# Benchmarks\n\nProduced by `cargo run --release -p turnpike-bench -- all --write BENCHMARKS.md`; \
+each section is one run, newest last. Every figure stands next to a baseline measured in the same run.\n";
+
+/// Round trips to NATS on one turn's happy path (reply on attempt 1), counted from the code:
+/// dispatcher 9 (inbound ack, live put, turn create, chat read + write, admit read + write, work
+/// publish, outbox clear), runner 9 (fetch, claim, lease, fence, started, work ack, bot message,
+/// landed, exited), coordinator 17 (3 events × read + write + ack; on the exit: final status,
+/// chat read, replies scan (create + fetch), chat read + write, live purge, outbox clear).
+const OPS_PER_TURN: usize = 35;
+
+struct Stack {
+    _server: NatsServer,
+    bus: Bus,
+    config: Config,
+    token: CancellationToken,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Stack {
+    async fn start(runners: usize, tweak: impl FnOnce(&mut Config)) -> Result<Stack> {
+        let server = NatsServer::start();
+        let me = std::env::current_exe()?;
+        let mut config = Config {
+            nats_url: server.url(),
+            runner_backend: Backend::Process,
+            agent_command: Some(format!("{} agent", me.display())),
+            lease: Duration::from_secs(10),
+            heartbeat: Duration::from_secs(2),
+            log: "error".into(),
+            ..Config::default()
+        };
+        tweak(&mut config);
+        let token = CancellationToken::new();
+        let mut tasks = Vec::new();
+        let bus = Bus::connect(&config, "bench").await?;
+        let b = Bus::connect(&config, "bench-dispatcher").await?;
+        let (c, t) = (config.clone(), token.clone());
+        tasks.push(tokio::spawn(async move {
+            let _ = turnpike_dispatcher::Dispatcher::new(b, c).run(t).await;
+        }));
+        let b = Bus::connect(&config, "bench-coordinator").await?;
+        let (c, t) = (config.clone(), token.clone());
+        tasks.push(tokio::spawn(async move {
+            let _ = turnpike_coordinator::Coordinator::new(b, &c).run(t).await;
+        }));
+        for i in 0..runners {
+            let b = Bus::connect(&config, "bench-runner").await?;
+            let c = Config {
+                runner_id: Some(format!("bench-{i}")),
+                ..config.clone()
+            };
+            let r = turnpike_runner::Runner::new(b, c).await?;
+            let t = token.clone();
+            tasks.push(tokio::spawn(async move {
+                let _ = r.run(t).await;
+            }));
+        }
+        Ok(Stack {
+            _server: server,
+            bus,
+            config,
+            token,
+            tasks,
+        })
+    }
+
+    async fn stop(self) {
+        self.token.cancel();
+        for t in self.tasks {
+            let _ = t.await;
+        }
+    }
+}
+
+fn inbound(chat: &ChatId, id: &str, text: &str) -> InboundMessage {
+    InboundMessage {
+        v: FORMAT_VERSION,
+        id: id.into(),
+        chat: chat.clone(),
+        text: text.into(),
+        sender: None,
+        attachments: vec![],
+    }
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.1} ms", d.as_secs_f64() * 1000.0)
+}
+
+/// Send `n` turns to `n` chats at once with `text`; wait for each one's first bot message or notice.
+/// Returns (elapsed from first publish to last reply, per-turn latencies sorted).
+async fn burst(stack: &Stack, n: usize, text: &str, tag: &str) -> Result<(Duration, Vec<Duration>)> {
+    let mut sub = stack.bus.client.subscribe(subjects::CHAT_OUT_ALL).await?;
+    let mut sent = std::collections::HashMap::new();
+    let start = Instant::now();
+    for i in 0..n {
+        let chat = ChatId::new(format!("{tag}-{i}"))?;
+        let id = format!("{tag}-m{i}");
+        let turn = TurnId::for_message(&chat, &id);
+        sent.insert(turn, Instant::now());
+        Publish::new(stack.bus.codec, subjects::chat_in(&chat), &inbound(&chat, &id, text))?
+            .msg_id(&id)
+            .send(&stack.bus.js)
+            .await?;
+    }
+    let mut latencies = Vec::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(600);
+    while latencies.len() < n {
+        let m = tokio::time::timeout_at(deadline, sub.next())
+            .await
+            .context("replies did not all arrive within 10 minutes")?
+            .context("subscription closed")?;
+        let Ok(item) = decode::<OutboundItem>(m.headers.as_ref(), &m.payload) else { continue };
+        if matches!(item.kind, OutboundKind::Message | OutboundKind::Notice) {
+            if let Some(t0) = sent.remove(&item.turn) {
+                latencies.push(t0.elapsed());
+            }
+        }
+    }
+    let elapsed = start.elapsed();
+    latencies.sort();
+    Ok((elapsed, latencies))
+}
+
+/// The same count of JetStream round trips per turn, with no Turnpike logic: publishes with ack
+/// and KV writes, `concurrency` "turns" at a time.
+async fn baseline(stack: &Stack, n: usize, concurrency: usize) -> Result<f64> {
+    let kv = stack.bus.claims.clone();
+    let js = stack.bus.js.clone();
+    let start = Instant::now();
+    let mut handles = Vec::new();
+    let per_worker = n.div_ceil(concurrency);
+    for w in 0..concurrency {
+        let (kv, js) = (kv.clone(), js.clone());
+        handles.push(tokio::spawn(async move {
+            for t in 0..per_worker {
+                for op in 0..OPS_PER_TURN {
+                    if op % 2 == 0 {
+                        let ack = js
+                            .publish(format!("turnpike.events.base-{w}-{t}"), bytes::Bytes::from_static(b"{\"v\":1}"))
+                            .await?;
+                        ack.await?;
+                    } else {
+                        kv.put(format!("base.{w}.{t}.{op}"), bytes::Bytes::from_static(b"{\"v\":1}"))
+                            .await?;
+                    }
+                }
+            }
+            Ok::<_, anyhow::Error>(())
+        }));
+    }
+    for h in handles {
+        h.await??;
+    }
+    Ok((per_worker * concurrency * OPS_PER_TURN) as f64 / start.elapsed().as_secs_f64())
+}
+
+async fn pipeline_overhead(out: &mut String, n: usize) -> Result<()> {
+    writeln!(out, "\n### 1. Pipeline vs raw JetStream ({n} turns, agent replies at once, process backend)\n")?;
+    writeln!(out, "| runners × slots | turns/s | p50 | p99 | baseline ops/s | ratio |")?;
+    writeln!(out, "|---|---|---|---|---|---|")?;
+    for runners in [1usize, 2, 4] {
+        let stack = Stack::start(runners, |c| c.runner_slots = 4).await?;
+        let (elapsed, lat) = burst(&stack, n, "reply:ok", &format!("p{runners}")).await?;
+        let tps = n as f64 / elapsed.as_secs_f64();
+        let base = baseline(&stack, n, runners * 4).await?;
+        let ratio = tps / (base / OPS_PER_TURN as f64);
+        writeln!(
+            out,
+            "| {runners} × 4 | {tps:.1} | {} | {} | {base:.0} | {ratio:.2} |",
+            ms(percentile(&lat, 0.5)),
+            ms(percentile(&lat, 0.99))
+        )?;
+        stack.stop().await;
+    }
+    writeln!(out, "\nratio = turns/s ÷ (baseline ops/s ÷ {OPS_PER_TURN} ops per turn); goal ≥ 0.8.")?;
+    Ok(())
+}
+
+/// Delay actually taken minus the configured 10 s, from the recorded death to the next attempt's
+/// publish, read from the turn records.
+async fn retry_path(out: &mut String) -> Result<()> {
+    writeln!(out, "\n### 3. Retry path (configured delay 10 s)\n")?;
+    writeln!(out, "| case | retries | p50 late | p99 late | max late |")?;
+    writeln!(out, "|---|---|---|---|---|")?;
+    for (case, n, slots) in [("isolated", 10usize, 2u32), ("burst of 100 deaths", 100, 50)] {
+        let stack = Stack::start(2, |c| {
+            c.runner_slots = slots;
+            c.retry_delay = Duration::from_secs(10);
+        })
+        .await?;
+        let tag = if n == 10 { "iso" } else { "burst" };
+        let mut ids = Vec::new();
+        for i in 0..n {
+            let chat = ChatId::new(format!("{tag}-{i}"))?;
+            let id = format!("{tag}-m{i}");
+            ids.push(TurnId::for_message(&chat, &id));
+            Publish::new(stack.bus.codec, subjects::chat_in(&chat), &inbound(&chat, &id, "die-until:2"))?
+                .msg_id(&id)
+                .send(&stack.bus.js)
+                .await?;
+            if n == 10 {
+                // Isolated: deaths well apart.
+                tokio::time::sleep(Duration::from_millis(700)).await;
+            }
+        }
+        let mut late = Vec::new();
+        for t in &ids {
+            let deadline = Instant::now() + Duration::from_secs(120);
+            loop {
+                let r = turns::load(&stack.bus, t).await?.map(|v| v.record);
+                if let Some(r) = r.filter(|r| r.state.is_terminal()) {
+                    if let (Some(died), Some(published)) = (
+                        r.attempts.first().and_then(|a| a.exit.as_ref()).map(|e| e.ended_at),
+                        r.attempts.get(1).and_then(|a| a.published_at),
+                    ) {
+                        late.push(published.since(died).saturating_sub(stack.config.retry_delay));
+                    }
+                    break;
+                }
+                anyhow::ensure!(Instant::now() < deadline, "turn {t} did not end");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+        late.sort();
+        writeln!(
+            out,
+            "| {case} | {} | {} | {} | {} |",
+            late.len(),
+            ms(percentile(&late, 0.5)),
+            ms(percentile(&late, 0.99)),
+            ms(late.last().copied().unwrap_or_default())
+        )?;
+        stack.stop().await;
+    }
+    writeln!(out, "\nGoals: isolated p99 ≤ 20 ms; burst p99 ≤ 300 ms (the server's scheduler ticks every 250 ms at most).")?;
+    Ok(())
+}
+
+fn codecs(out: &mut String) -> Result<()> {
+    let chat = ChatId::new("bench")?;
+    let history: Vec<HistoryEntry> = (0..50)
+        .map(|i| HistoryEntry {
+            role: if i % 2 == 0 { Role::User } else { Role::Bot },
+            text: format!("message {i}: {}", "lorem ipsum dolor sit amet ".repeat(6)),
+        })
+        .collect();
+    let work = WorkItem {
+        v: FORMAT_VERSION,
+        turn: TurnId::for_message(&chat, "m"),
+        chat: chat.clone(),
+        attempt: 2,
+        max_attempts: 3,
+        prompt: "<system-note>…</system-note>\nplease summarise the thread".into(),
+        message: inbound(&chat, "m", "please summarise the thread"),
+        history,
+    };
+    writeln!(out, "\n### 5. Codecs (attempt payload with 50 history messages)\n")?;
+    writeln!(out, "| codec | bytes | encode + decode |")?;
+    writeln!(out, "|---|---|---|")?;
+    let iterations = 20_000;
+    let mut rows = Vec::new();
+    for codec in [Codec::Json, Codec::Msgpack] {
+        let bytes = codec.encode(&work)?;
+        let start = Instant::now();
+        for _ in 0..iterations {
+            let b = codec.encode(std::hint::black_box(&work))?;
+            let back: WorkItem = codec.decode(&b)?;
+            std::hint::black_box(back);
+        }
+        let each = start.elapsed() / iterations;
+        rows.push((codec, bytes.len(), each));
+    }
+    for (codec, size, each) in &rows {
+        writeln!(out, "| {codec:?} | {size} | {:.1} µs |", each.as_secs_f64() * 1e6)?;
+    }
+    let (json, mp) = (&rows[0], &rows[1]);
+    writeln!(
+        out,
+        "\nMessagePack is {:.2}× the size of JSON and takes {:.2}× the time.",
+        mp.1 as f64 / json.1 as f64,
+        mp.2.as_secs_f64() / json.2.as_secs_f64()
+    )?;
+    Ok(())
+}
+
+async fn runner_scaling(out: &mut String) -> Result<()> {
+    let n = 32;
+    writeln!(out, "\n### 6. Runners on `sleep:1` turns ({n} turns, 2 slots per runner)\n")?;
+    writeln!(out, "| runners | turns/s | × linear |")?;
+    writeln!(out, "|---|---|---|")?;
+    let mut one = None;
+    for runners in [1usize, 2, 4] {
+        let stack = Stack::start(runners, |c| c.runner_slots = 2).await?;
+        let (elapsed, _) = burst(&stack, n, "sleep:1", &format!("s{runners}")).await?;
+        let tps = n as f64 / elapsed.as_secs_f64();
+        let base = *one.get_or_insert(tps);
+        writeln!(out, "| {runners} | {tps:.2} | {:.2} |", tps / (base * runners as f64))?;
+        stack.stop().await;
+    }
+    writeln!(out, "\nGoal ≥ 0.9 × linear: capacity, not CPU, is the limit here.")?;
+    Ok(())
+}
+
+async fn all(turns: usize) -> Result<String> {
+    let mut out = String::new();
+    let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0);
+    let mem = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| m.lines().next().map(|l| l.split_whitespace().nth(1).unwrap_or("?").to_owned()))
+        .and_then(|kb| kb.parse::<u64>().ok())
+        .map(|kb| format!("{} GiB", kb / 1024 / 1024))
+        .unwrap_or_else(|| "?".into());
+    writeln!(
+        out,
+        "\n## {} — {cores} cores, {mem}, nats-server from $TURNPIKE_NATS_SERVER or PATH\n\n`cargo run --release -p turnpike-bench -- all --turns {turns} --write BENCHMARKS.md`",
+        turnpike_jetstream::now()
+    )?;
+    pipeline_overhead(&mut out, turns).await?;
+    retry_path(&mut out).await?;
+    codecs(&mut out)?;
+    runner_scaling(&mut out).await?;
+    writeln!(out, "\nNot measured yet: the Docker attempt overhead (2), coordinator cost at 1k/10k/100k stored turns (4), and the plots.")?;
+    Ok(out)
+}

@@ -7,7 +7,6 @@
 //! - effects left in an ended turn's outbox are carried out, and the turn leaves the index.
 
 use crate::Counters;
-use async_nats::jetstream::consumer::{DeliverPolicy, OrderedPullConsumer};
 use futures::StreamExt;
 use std::time::{Duration, SystemTime};
 use tracing::{debug, info, warn};
@@ -19,7 +18,7 @@ use turnpike_core::wire::{
 };
 use turnpike_core::{TurnId, TurnRecord, FORMAT_VERSION};
 use turnpike_jetstream::turns::{self, ApplyError};
-use turnpike_jetstream::{decode, decode_kv, header_str, now, Bus, BusError, Publish};
+use turnpike_jetstream::{decode, decode_kv, now, Bus, BusError, Publish};
 
 /// What one sweep found; logged, and counted by operators' tools.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -212,43 +211,9 @@ async fn count_landed(
     attempt: u32,
     since: SystemTime,
 ) -> Result<u32, BusError> {
-    let stream = bus
-        .js
-        .get_stream(subjects::STREAM_CHAT_OUT)
-        .await
-        .map_err(|e| BusError::kv("open chat-out stream", e))?;
-    let start = since - Duration::from_secs(1);
-    let consumer: OrderedPullConsumer = stream
-        .create_consumer(async_nats::jetstream::consumer::pull::OrderedConfig {
-            filter_subject: subjects::chat_out(&record.chat),
-            deliver_policy: DeliverPolicy::ByStartTime {
-                start_time: start.into(),
-            },
-            ..Default::default()
-        })
-        .await
-        .map_err(|e| BusError::kv("scan chat-out", e))?;
-    let mut messages = consumer
-        .messages()
-        .await
-        .map_err(|e| BusError::kv("scan chat-out", e))?;
-    let attempt_s = attempt.to_string();
-    let mut landed = 0;
-    loop {
-        let next = tokio::time::timeout(Duration::from_secs(2), messages.next()).await;
-        let Ok(Some(Ok(m))) = next else { break };
-        let h = m.headers.as_ref();
-        if header_str(h, subjects::HDR_TURN) == Some(record.turn.as_str())
-            && header_str(h, subjects::HDR_ATTEMPT) == Some(attempt_s.as_str())
-            && header_str(h, subjects::HDR_KIND) == Some("message")
-        {
-            landed += 1;
-        }
-        if m.info().map(|i| i.pending == 0).unwrap_or(true) {
-            break;
-        }
-    }
-    Ok(landed)
+    let items =
+        turnpike_jetstream::chats::landed_messages(bus, &record.chat, &record.turn, since).await?;
+    Ok(items.iter().filter(|i| i.attempt == attempt).count() as u32)
 }
 
 async fn check_retry_scheduled(

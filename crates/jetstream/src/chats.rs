@@ -168,7 +168,19 @@ async fn bot_messages(bus: &Bus, record: &TurnRecord) -> Result<Vec<String>, Bus
         .filter_map(|a| a.published_at.or(a.started_at))
         .min()
         .unwrap_or(record.created_at);
-    let start = since.to_system_time() - Duration::from_secs(1);
+    let items = landed_messages(bus, &record.chat, &record.turn, since.to_system_time()).await?;
+    Ok(items.into_iter().map(|i| i.text).collect())
+}
+
+/// Every bot message of `turn` stored on its chat's outbound subject since `since` (minus a second
+/// of clock slack), in order. Bounded: one chat, from one point in time.
+pub async fn landed_messages(
+    bus: &Bus,
+    chat: &ChatId,
+    turn: &TurnId,
+    since: std::time::SystemTime,
+) -> Result<Vec<OutboundItem>, BusError> {
+    let start = since - Duration::from_secs(1);
     let stream = bus
         .js
         .get_stream(subjects::STREAM_CHAT_OUT)
@@ -176,7 +188,7 @@ async fn bot_messages(bus: &Bus, record: &TurnRecord) -> Result<Vec<String>, Bus
         .map_err(|e| BusError::kv("open chat-out stream", e))?;
     let consumer = stream
         .create_consumer(OrderedConfig {
-            filter_subject: subjects::chat_out(&record.chat),
+            filter_subject: subjects::chat_out(chat),
             deliver_policy: DeliverPolicy::ByStartTime {
                 start_time: start.into(),
             },
@@ -194,8 +206,8 @@ async fn bot_messages(bus: &Bus, record: &TurnRecord) -> Result<Vec<String>, Bus
         let next = tokio::time::timeout_at(deadline, messages.next()).await;
         let Ok(Some(Ok(m))) = next else { break };
         if let Ok(item) = crate::decode::<OutboundItem>(m.headers.as_ref(), &m.payload) {
-            if item.turn == record.turn && item.kind == OutboundKind::Message {
-                out.push(item.text);
+            if &item.turn == turn && item.kind == OutboundKind::Message {
+                out.push(item);
             }
         }
         if m.info().map(|i| i.pending == 0).unwrap_or(true) {

@@ -362,8 +362,11 @@ impl DockerBackend {
         }
         feeder.abort();
         let inspected = self.docker.inspect_container(id, None).await;
-        // Give the events stream a moment: the oom event may trail the exit.
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        // The oom event may trail the exit; only a SIGKILL death (137) can be an OOM kill, so
+        // only then is it worth waiting for.
+        if wait_code == Some(137) && !oom.load(Ordering::SeqCst) {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
         oom_watch.abort();
         let (state_code, oom_killed) = match &inspected {
             Ok(info) => {

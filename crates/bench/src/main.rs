@@ -8,6 +8,8 @@
 //! Every measurement starts its own nats-server (loopback, temporary store) and runs the roles in
 //! this process with the process backend; the agent is this binary (`turnpike-bench agent`).
 
+mod extra;
+
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 use futures::StreamExt;
@@ -16,7 +18,9 @@ use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 use turnpike_config::{Backend, Config};
 use turnpike_core::codec::Codec;
-use turnpike_core::wire::{HistoryEntry, InboundMessage, OutboundItem, OutboundKind, Role, WorkItem};
+use turnpike_core::wire::{
+    HistoryEntry, InboundMessage, OutboundItem, OutboundKind, Role, WorkItem,
+};
 use turnpike_core::{subjects, ChatId, TurnId, FORMAT_VERSION};
 use turnpike_jetstream::{decode, turns, Bus, Publish};
 use turnpike_testkit::NatsServer;
@@ -49,8 +53,15 @@ fn main() -> Result<()> {
     match cli.what {
         What::Agent => turnpike_test_agent::run(),
         What::All { write, turns } => {
-            let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
-            let report = rt.block_on(all(turns))?;
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()?;
+            let plot_dir = write
+                .as_ref()
+                .and_then(|p| p.parent().map(|d| d.to_path_buf()))
+                .filter(|d| !d.as_os_str().is_empty())
+                .unwrap_or_else(|| std::path::PathBuf::from("."));
+            let report = rt.block_on(all(turns, &plot_dir))?;
             print!("{report}");
             if let Some(path) = write {
                 let mut existing = std::fs::read_to_string(&path).unwrap_or_default();
@@ -58,7 +69,8 @@ fn main() -> Result<()> {
                     existing.push_str(HEADER);
                 }
                 existing.push_str(&report);
-                std::fs::write(&path, existing).with_context(|| format!("write {}", path.display()))?;
+                std::fs::write(&path, existing)
+                    .with_context(|| format!("write {}", path.display()))?;
             }
             Ok(())
         }
@@ -75,16 +87,16 @@ each section is one run, newest last. Every figure stands next to a baseline mea
 /// chat read, replies scan (create + fetch), chat read + write, live purge, outbox clear).
 const OPS_PER_TURN: usize = 35;
 
-struct Stack {
+pub(crate) struct Stack {
     _server: NatsServer,
-    bus: Bus,
-    config: Config,
+    pub(crate) bus: Bus,
+    pub(crate) config: Config,
     token: CancellationToken,
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
 
 impl Stack {
-    async fn start(runners: usize, tweak: impl FnOnce(&mut Config)) -> Result<Stack> {
+    pub(crate) async fn start(runners: usize, tweak: impl FnOnce(&mut Config)) -> Result<Stack> {
         let server = NatsServer::start();
         let me = std::env::current_exe()?;
         let mut config = Config {
@@ -131,7 +143,7 @@ impl Stack {
         })
     }
 
-    async fn stop(self) {
+    pub(crate) async fn stop(self) {
         self.token.cancel();
         for t in self.tasks {
             let _ = t.await;
@@ -139,7 +151,7 @@ impl Stack {
     }
 }
 
-fn inbound(chat: &ChatId, id: &str, text: &str) -> InboundMessage {
+pub(crate) fn inbound(chat: &ChatId, id: &str, text: &str) -> InboundMessage {
     InboundMessage {
         v: FORMAT_VERSION,
         id: id.into(),
@@ -150,7 +162,7 @@ fn inbound(chat: &ChatId, id: &str, text: &str) -> InboundMessage {
     }
 }
 
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
+pub(crate) fn percentile(sorted: &[Duration], p: f64) -> Duration {
     if sorted.is_empty() {
         return Duration::ZERO;
     }
@@ -158,13 +170,18 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
     sorted[i.min(sorted.len() - 1)]
 }
 
-fn ms(d: Duration) -> String {
+pub(crate) fn ms(d: Duration) -> String {
     format!("{:.1} ms", d.as_secs_f64() * 1000.0)
 }
 
 /// Send `n` turns to `n` chats at once with `text`; wait for each one's first bot message or notice.
 /// Returns (elapsed from first publish to last reply, per-turn latencies sorted).
-async fn burst(stack: &Stack, n: usize, text: &str, tag: &str) -> Result<(Duration, Vec<Duration>)> {
+pub(crate) async fn burst(
+    stack: &Stack,
+    n: usize,
+    text: &str,
+    tag: &str,
+) -> Result<(Duration, Vec<Duration>)> {
     let mut sub = stack.bus.client.subscribe(subjects::CHAT_OUT_ALL).await?;
     let mut sent = std::collections::HashMap::new();
     let start = Instant::now();
@@ -173,10 +190,14 @@ async fn burst(stack: &Stack, n: usize, text: &str, tag: &str) -> Result<(Durati
         let id = format!("{tag}-m{i}");
         let turn = TurnId::for_message(&chat, &id);
         sent.insert(turn, Instant::now());
-        Publish::new(stack.bus.codec, subjects::chat_in(&chat), &inbound(&chat, &id, text))?
-            .msg_id(&id)
-            .send(&stack.bus.js)
-            .await?;
+        Publish::new(
+            stack.bus.codec,
+            subjects::chat_in(&chat),
+            &inbound(&chat, &id, text),
+        )?
+        .msg_id(&id)
+        .send(&stack.bus.js)
+        .await?;
     }
     let mut latencies = Vec::new();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(600);
@@ -185,7 +206,9 @@ async fn burst(stack: &Stack, n: usize, text: &str, tag: &str) -> Result<(Durati
             .await
             .context("replies did not all arrive within 10 minutes")?
             .context("subscription closed")?;
-        let Ok(item) = decode::<OutboundItem>(m.headers.as_ref(), &m.payload) else { continue };
+        let Ok(item) = decode::<OutboundItem>(m.headers.as_ref(), &m.payload) else {
+            continue;
+        };
         if matches!(item.kind, OutboundKind::Message | OutboundKind::Notice) {
             if let Some(t0) = sent.remove(&item.turn) {
                 latencies.push(t0.elapsed());
@@ -212,12 +235,18 @@ async fn baseline(stack: &Stack, n: usize, concurrency: usize) -> Result<f64> {
                 for op in 0..OPS_PER_TURN {
                     if op % 2 == 0 {
                         let ack = js
-                            .publish(format!("turnpike.events.base-{w}-{t}"), bytes::Bytes::from_static(b"{\"v\":1}"))
+                            .publish(
+                                format!("turnpike.events.base-{w}-{t}"),
+                                bytes::Bytes::from_static(b"{\"v\":1}"),
+                            )
                             .await?;
                         ack.await?;
                     } else {
-                        kv.put(format!("base.{w}.{t}.{op}"), bytes::Bytes::from_static(b"{\"v\":1}"))
-                            .await?;
+                        kv.put(
+                            format!("base.{w}.{t}.{op}"),
+                            bytes::Bytes::from_static(b"{\"v\":1}"),
+                        )
+                        .await?;
                     }
                 }
             }
@@ -231,8 +260,14 @@ async fn baseline(stack: &Stack, n: usize, concurrency: usize) -> Result<f64> {
 }
 
 async fn pipeline_overhead(out: &mut String, n: usize) -> Result<()> {
-    writeln!(out, "\n### 1. Pipeline vs raw JetStream ({n} turns, agent replies at once, process backend)\n")?;
-    writeln!(out, "| runners × slots | turns/s | p50 | p99 | baseline ops/s | ratio |")?;
+    writeln!(
+        out,
+        "\n### 1. Pipeline vs raw JetStream ({n} turns, agent replies at once, process backend)\n"
+    )?;
+    writeln!(
+        out,
+        "| runners × slots | turns/s | p50 | p99 | baseline ops/s | ratio |"
+    )?;
     writeln!(out, "|---|---|---|---|---|---|")?;
     for runners in [1usize, 2, 4] {
         let stack = Stack::start(runners, |c| c.runner_slots = 4).await?;
@@ -248,7 +283,10 @@ async fn pipeline_overhead(out: &mut String, n: usize) -> Result<()> {
         )?;
         stack.stop().await;
     }
-    writeln!(out, "\nratio = turns/s ÷ (baseline ops/s ÷ {OPS_PER_TURN} ops per turn); goal ≥ 0.8.")?;
+    writeln!(
+        out,
+        "\nratio = turns/s ÷ (baseline ops/s ÷ {OPS_PER_TURN} ops per turn); goal ≥ 0.8."
+    )?;
     Ok(())
 }
 
@@ -258,7 +296,10 @@ async fn retry_path(out: &mut String) -> Result<()> {
     writeln!(out, "\n### 3. Retry path (configured delay 10 s)\n")?;
     writeln!(out, "| case | retries | p50 late | p99 late | max late |")?;
     writeln!(out, "|---|---|---|---|---|")?;
-    for (case, n, slots) in [("isolated", 10usize, 2u32), ("burst of 100 deaths", 100, 50)] {
+    for (case, n, slots) in [
+        ("isolated", 10usize, 2u32),
+        ("burst of 100 deaths", 100, 50),
+    ] {
         let stack = Stack::start(2, |c| {
             c.runner_slots = slots;
             c.retry_delay = Duration::from_secs(10);
@@ -270,10 +311,14 @@ async fn retry_path(out: &mut String) -> Result<()> {
             let chat = ChatId::new(format!("{tag}-{i}"))?;
             let id = format!("{tag}-m{i}");
             ids.push(TurnId::for_message(&chat, &id));
-            Publish::new(stack.bus.codec, subjects::chat_in(&chat), &inbound(&chat, &id, "die-until:2"))?
-                .msg_id(&id)
-                .send(&stack.bus.js)
-                .await?;
+            Publish::new(
+                stack.bus.codec,
+                subjects::chat_in(&chat),
+                &inbound(&chat, &id, "die-until:2"),
+            )?
+            .msg_id(&id)
+            .send(&stack.bus.js)
+            .await?;
             if n == 10 {
                 // Isolated: deaths well apart.
                 tokio::time::sleep(Duration::from_millis(700)).await;
@@ -286,10 +331,17 @@ async fn retry_path(out: &mut String) -> Result<()> {
                 let r = turns::load(&stack.bus, t).await?.map(|v| v.record);
                 if let Some(r) = r.filter(|r| r.state.is_terminal()) {
                     if let (Some(died), Some(published)) = (
-                        r.attempts.first().and_then(|a| a.exit.as_ref()).map(|e| e.ended_at),
+                        r.attempts
+                            .first()
+                            .and_then(|a| a.exit.as_ref())
+                            .map(|e| e.ended_at),
                         r.attempts.get(1).and_then(|a| a.published_at),
                     ) {
-                        late.push(published.since(died).saturating_sub(stack.config.retry_delay));
+                        late.push(
+                            published
+                                .since(died)
+                                .saturating_sub(stack.config.retry_delay),
+                        );
                     }
                     break;
                 }
@@ -330,7 +382,10 @@ fn codecs(out: &mut String) -> Result<()> {
         message: inbound(&chat, "m", "please summarise the thread"),
         history,
     };
-    writeln!(out, "\n### 5. Codecs (attempt payload with 50 history messages)\n")?;
+    writeln!(
+        out,
+        "\n### 5. Codecs (attempt payload with 50 history messages)\n"
+    )?;
     writeln!(out, "| codec | bytes | encode + decode |")?;
     writeln!(out, "|---|---|---|")?;
     let iterations = 20_000;
@@ -347,7 +402,11 @@ fn codecs(out: &mut String) -> Result<()> {
         rows.push((codec, bytes.len(), each));
     }
     for (codec, size, each) in &rows {
-        writeln!(out, "| {codec:?} | {size} | {:.1} µs |", each.as_secs_f64() * 1e6)?;
+        writeln!(
+            out,
+            "| {codec:?} | {size} | {:.1} µs |",
+            each.as_secs_f64() * 1e6
+        )?;
     }
     let (json, mp) = (&rows[0], &rows[1]);
     writeln!(
@@ -359,9 +418,13 @@ fn codecs(out: &mut String) -> Result<()> {
     Ok(())
 }
 
-async fn runner_scaling(out: &mut String) -> Result<()> {
+async fn runner_scaling(out: &mut String) -> Result<Vec<(usize, f64)>> {
+    let mut points = Vec::new();
     let n = 32;
-    writeln!(out, "\n### 6. Runners on `sleep:1` turns ({n} turns, 2 slots per runner)\n")?;
+    writeln!(
+        out,
+        "\n### 6. Runners on `sleep:1` turns ({n} turns, 2 slots per runner)\n"
+    )?;
     writeln!(out, "| runners | turns/s | × linear |")?;
     writeln!(out, "|---|---|---|")?;
     let mut one = None;
@@ -370,19 +433,53 @@ async fn runner_scaling(out: &mut String) -> Result<()> {
         let (elapsed, _) = burst(&stack, n, "sleep:1", &format!("s{runners}")).await?;
         let tps = n as f64 / elapsed.as_secs_f64();
         let base = *one.get_or_insert(tps);
-        writeln!(out, "| {runners} | {tps:.2} | {:.2} |", tps / (base * runners as f64))?;
+        writeln!(
+            out,
+            "| {runners} | {tps:.2} | {:.2} |",
+            tps / (base * runners as f64)
+        )?;
+        points.push((runners, tps));
         stack.stop().await;
     }
-    writeln!(out, "\nGoal ≥ 0.9 × linear: capacity, not CPU, is the limit here.")?;
-    Ok(())
+    writeln!(
+        out,
+        "\nGoal ≥ 0.9 × linear: capacity, not CPU, is the limit here."
+    )?;
+    Ok(points)
 }
 
-async fn all(turns: usize) -> Result<String> {
+/// p50/p99 latency for bursts of growing size on one runner with 4 slots.
+async fn latency_vs_load(out: &mut String) -> Result<Vec<(usize, f64, f64)>> {
+    writeln!(
+        out,
+        "\n### Latency vs load (1 runner × 4 slots, agent replies at once)\n"
+    )?;
+    writeln!(out, "| turns sent at once | p50 | p99 |")?;
+    writeln!(out, "|---|---|---|")?;
+    let mut points = Vec::new();
+    let stack = Stack::start(1, |c| c.runner_slots = 4).await?;
+    for load in [10usize, 25, 50, 100, 200] {
+        let (_, lat) = burst(&stack, load, "reply:ok", &format!("load{load}")).await?;
+        let (p50, p99) = (percentile(&lat, 0.5), percentile(&lat, 0.99));
+        writeln!(out, "| {load} | {} | {} |", ms(p50), ms(p99))?;
+        points.push((load, p50.as_secs_f64() * 1000.0, p99.as_secs_f64() * 1000.0));
+    }
+    stack.stop().await;
+    Ok(points)
+}
+
+async fn all(turns: usize, plot_dir: &std::path::Path) -> Result<String> {
     let mut out = String::new();
-    let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0);
+    let cores = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(0);
     let mem = std::fs::read_to_string("/proc/meminfo")
         .ok()
-        .and_then(|m| m.lines().next().map(|l| l.split_whitespace().nth(1).unwrap_or("?").to_owned()))
+        .and_then(|m| {
+            m.lines()
+                .next()
+                .map(|l| l.split_whitespace().nth(1).unwrap_or("?").to_owned())
+        })
         .and_then(|kb| kb.parse::<u64>().ok())
         .map(|kb| format!("{} GiB", kb / 1024 / 1024))
         .unwrap_or_else(|| "?".into());
@@ -392,9 +489,24 @@ async fn all(turns: usize) -> Result<String> {
         turnpike_jetstream::now()
     )?;
     pipeline_overhead(&mut out, turns).await?;
+    extra::docker_overhead(&mut out).await?;
     retry_path(&mut out).await?;
+    extra::scale(&mut out).await?;
     codecs(&mut out)?;
-    runner_scaling(&mut out).await?;
-    writeln!(out, "\nNot measured yet: the Docker attempt overhead (2), coordinator cost at 1k/10k/100k stored turns (4), and the plots.")?;
+    let throughput = runner_scaling(&mut out).await?;
+    let latency = latency_vs_load(&mut out).await?;
+    match extra::plots(plot_dir, &latency, &throughput) {
+        Ok(paths) => {
+            let names: Vec<String> = paths
+                .iter()
+                .filter_map(|p| {
+                    p.file_name()
+                        .map(|n| format!("![{0}]({0})", n.to_string_lossy()))
+                })
+                .collect();
+            writeln!(out, "\n{}", names.join(" "))?;
+        }
+        Err(e) => writeln!(out, "\nPlots not drawn: {e:#}")?,
+    }
     Ok(out)
 }

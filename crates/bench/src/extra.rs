@@ -1,0 +1,380 @@
+//! Measurements 2 (Docker attempt overhead), 4 (scale with stored turns) and the plots.
+
+use crate::{inbound, ms, percentile, Stack};
+use anyhow::{Context, Result};
+use bollard::models::ContainerCreateBody;
+use bollard::query_parameters::{
+    AttachContainerOptionsBuilder, CreateContainerOptionsBuilder, RemoveContainerOptionsBuilder,
+    WaitContainerOptions,
+};
+use futures::StreamExt;
+use std::fmt::Write as _;
+use std::time::{Duration, Instant, SystemTime};
+use tokio::io::AsyncWriteExt;
+use turnpike_config::Backend;
+use turnpike_core::lifecycle::{self, NewTurn};
+use turnpike_core::wire::{AgentInput, OutboundItem, OutboundKind};
+use turnpike_core::{subjects, ChatId, Timestamp, TurnId};
+use turnpike_jetstream::{decode, Publish};
+
+const IMAGE: &str = "turnpike-test-agent:latest";
+
+/// One bare run of the image: create, attach, start, feed the input, wait, remove.
+async fn bare_run(docker: &bollard::Docker, input: &[u8], name: &str) -> Result<Duration> {
+    let start = Instant::now();
+    let body = ContainerCreateBody {
+        image: Some(IMAGE.into()),
+        attach_stdin: Some(true),
+        attach_stdout: Some(true),
+        attach_stderr: Some(true),
+        open_stdin: Some(true),
+        stdin_once: Some(true),
+        labels: Some([("turnpike.bench".to_owned(), "bare".to_owned())].into()),
+        ..Default::default()
+    };
+    let id = docker
+        .create_container(
+            Some(CreateContainerOptionsBuilder::new().name(name).build()),
+            body,
+        )
+        .await?
+        .id;
+    let attach = docker
+        .attach_container(
+            &id,
+            Some(
+                AttachContainerOptionsBuilder::new()
+                    .stdin(true)
+                    .stdout(true)
+                    .stream(true)
+                    .build(),
+            ),
+        )
+        .await?;
+    docker.start_container(&id, None).await?;
+    let mut stdin = attach.input;
+    stdin.write_all(input).await?;
+    stdin.shutdown().await?;
+    let mut output = attach.output;
+    while let Ok(Some(_)) = tokio::time::timeout(Duration::from_secs(10), output.next()).await {}
+    let _ = docker
+        .wait_container(&id, None::<WaitContainerOptions>)
+        .next()
+        .await;
+    docker
+        .remove_container(
+            &id,
+            Some(RemoveContainerOptionsBuilder::new().force(true).build()),
+        )
+        .await?;
+    Ok(start.elapsed())
+}
+
+pub async fn docker_overhead(out: &mut String) -> Result<()> {
+    let n = 10;
+    writeln!(out, "\n### 2. Docker attempt overhead ({n} sequential attempts, `reply:ok`, bare run after each)\n")?;
+    let docker = match bollard::Docker::connect_with_local_defaults() {
+        Ok(d) => match d.negotiate_version().await {
+            Ok(d) => d,
+            Err(e) => {
+                return Ok(writeln!(
+                    out,
+                    "Skipped: the Docker Engine does not answer ({e})."
+                )?)
+            }
+        },
+        Err(e) => return Ok(writeln!(out, "Skipped: no Docker Engine ({e}).")?),
+    };
+    if docker.inspect_image(IMAGE).await.is_err() {
+        writeln!(
+            out,
+            "Skipped: image {IMAGE} missing (run `bash deploy/build-images.sh`)."
+        )?;
+        return Ok(());
+    }
+    let stack = Stack::start(1, |c| {
+        c.runner_backend = Backend::Docker;
+        c.agent_command = None;
+        c.agent_image = IMAGE.into();
+        c.runner_slots = 1;
+    })
+    .await?;
+    let mut pipeline = Vec::new();
+    let mut bare = Vec::new();
+    for i in 0..n {
+        // Claim (server time of the claim's KV write) → reply landed (server time of the message).
+        let chat = ChatId::new(format!("dock-{i}"))?;
+        let id = format!("dock-m{i}");
+        let turn = TurnId::for_message(&chat, &id);
+        let mut sub = stack
+            .bus
+            .client
+            .subscribe(subjects::chat_out(&chat))
+            .await?;
+        Publish::new(
+            stack.bus.codec,
+            subjects::chat_in(&chat),
+            &inbound(&chat, &id, "reply:ok"),
+        )?
+        .msg_id(&id)
+        .send(&stack.bus.js)
+        .await?;
+        loop {
+            let m = tokio::time::timeout(Duration::from_secs(60), sub.next())
+                .await
+                .context("docker reply")?
+                .context("subscription")?;
+            let Ok(item) = decode::<OutboundItem>(m.headers.as_ref(), &m.payload) else {
+                continue;
+            };
+            if item.kind == OutboundKind::Message {
+                break;
+            }
+        }
+        let claim = stack
+            .bus
+            .claims
+            .entry(subjects::claim_key(&turn, 1))
+            .await?
+            .context("claim")?;
+        // The exit report is the runner's last word, sent after the container is removed: the
+        // same span as the bare run below (create → remove).
+        let events = stack.bus.js.get_stream(subjects::STREAM_EVENTS).await?;
+        let exited = loop {
+            let last = events
+                .get_last_raw_message_by_subject(&subjects::events(&turn))
+                .await?;
+            let ev: turnpike_core::wire::RunnerEvent = decode(Some(&last.headers), &last.payload)?;
+            if matches!(ev.kind, turnpike_core::wire::RunnerEventKind::Exited { .. }) {
+                break last;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        let claimed: SystemTime = claim.created.into();
+        let exited: SystemTime = exited.time.into();
+        pipeline.push(exited.duration_since(claimed).unwrap_or_default());
+        // The same image and input document, by hand.
+        let work = turnpike_core::wire::WorkItem {
+            v: 1,
+            turn: turn.clone(),
+            chat: chat.clone(),
+            attempt: 1,
+            max_attempts: 3,
+            prompt: "reply:ok".into(),
+            message: inbound(&chat, &id, "reply:ok"),
+            history: vec![],
+        };
+        let input = serde_json::to_vec(&AgentInput::from_work(&work, vec![]))?;
+        bare.push(bare_run(&docker, &input, &format!("turnpike-bench-bare-{i}")).await?);
+    }
+    stack.stop().await;
+    pipeline.sort();
+    bare.sort();
+    let (p, b) = (percentile(&pipeline, 0.5), percentile(&bare, 0.5));
+    writeln!(out, "| path | p50 | max |")?;
+    writeln!(out, "|---|---|---|")?;
+    writeln!(
+        out,
+        "| Turnpike: claim → container removed and exit reported | {} | {} |",
+        ms(p),
+        ms(*pipeline.last().unwrap_or(&p))
+    )?;
+    writeln!(
+        out,
+        "| bare bollard create/start/wait/remove | {} | {} |",
+        ms(b),
+        ms(*bare.last().unwrap_or(&b))
+    )?;
+    writeln!(
+        out,
+        "\nOverhead at p50: {:+.1}% (goal ≤ 10%).",
+        (p.as_secs_f64() / b.as_secs_f64() - 1.0) * 100.0
+    )?;
+    Ok(())
+}
+
+fn cpu_time() -> Duration {
+    // utime + stime of this process, in clock ticks (100 Hz on Linux).
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    let after = stat.rsplit(')').next().unwrap_or("");
+    let f: Vec<&str> = after.split_whitespace().collect();
+    let ticks: u64 = f.get(11).and_then(|u| u.parse().ok()).unwrap_or(0)
+        + f.get(12).and_then(|s| s.parse().ok()).unwrap_or(0);
+    Duration::from_millis(ticks * 10)
+}
+
+fn rss_mib() -> f64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines().find(|l| l.starts_with("VmRSS:")).and_then(|l| {
+                l.split_whitespace()
+                    .nth(1)
+                    .and_then(|k| k.parse::<f64>().ok())
+            })
+        })
+        .map(|kb| kb / 1024.0)
+        .unwrap_or(0.0)
+}
+
+pub async fn scale(out: &mut String) -> Result<()> {
+    writeln!(
+        out,
+        "\n### 4. Scale: cost per event with stored turns in the bucket\n"
+    )?;
+    writeln!(
+        out,
+        "| stored turns | pipeline CPU per event | RSS | bytes per stored turn |"
+    )?;
+    writeln!(out, "|---|---|---|---|")?;
+    let live_turns = 100;
+    for stored in [1_000usize, 10_000, 100_000] {
+        let stack = Stack::start(1, |c| c.runner_slots = 4).await?;
+        // Finished turns, as the bucket holds them after a long life.
+        let chat = ChatId::new("stored")?;
+        let template = lifecycle::create(
+            NewTurn {
+                turn: TurnId::for_message(&chat, "x"),
+                message: inbound(&chat, "x", "an old question"),
+                history: vec![],
+                max_turn_retry: 3,
+                retry_delay: Duration::from_secs(10),
+                rerun_of: None,
+                created_by: None,
+                admit_now: true,
+            },
+            Timestamp(1_800_000_000_000),
+        )
+        .0;
+        let mut handles = Vec::new();
+        for w in 0..16 {
+            let kv = stack.bus.turns.clone();
+            let mut rec = template.clone();
+            handles.push(tokio::spawn(async move {
+                for i in (w..stored).step_by(16) {
+                    rec.turn = TurnId::for_message(&rec.chat, &format!("old-{i}"));
+                    rec.state = turnpike_core::TurnState::Done;
+                    let bytes = bytes::Bytes::from(serde_json::to_vec(&rec)?);
+                    kv.put(rec.turn.as_str(), bytes).await?;
+                }
+                Ok::<_, anyhow::Error>(())
+            }));
+        }
+        for h in handles {
+            h.await??;
+        }
+        let info = stack
+            .bus
+            .js
+            .get_stream("KV_turnpike_turns")
+            .await?
+            .info()
+            .await?
+            .state
+            .clone();
+        let per_turn = info.bytes / info.messages.max(1);
+        let cpu0 = cpu_time();
+        let (_, _) =
+            crate::burst(&stack, live_turns, "reply:ok", &format!("scale{stored}")).await?;
+        // 3 runner events per turn reach the coordinator.
+        let per_event = (cpu_time() - cpu0) / (3 * live_turns as u32);
+        writeln!(
+            out,
+            "| {stored} | {:.2} ms | {:.0} MiB | {per_turn} |",
+            per_event.as_secs_f64() * 1000.0,
+            rss_mib()
+        )?;
+        stack.stop().await;
+    }
+    writeln!(
+        out,
+        "\nCPU is this whole process (dispatcher, coordinator, runner and bench) over {live_turns} live turns, \
+divided by their 300 runner events: the point is that it does not grow with the stored turns (the sweep \
+reads only the live index). Storage stays bounded by `retention_turns` (KV max age) with one revision per key."
+    )?;
+    Ok(())
+}
+
+/// Two PNG plots next to BENCHMARKS.md: latency vs load, throughput vs runners.
+pub fn plots(
+    dir: &std::path::Path,
+    latency: &[(usize, f64, f64)],
+    throughput: &[(usize, f64)],
+) -> Result<Vec<std::path::PathBuf>> {
+    use plotters::prelude::*;
+    let font = std::fs::read("/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf")
+        .context("the plots need DejaVu Sans (Debian: fonts-dejavu-core)")?;
+    let font: &'static [u8] = Box::leak(font.into_boxed_slice());
+    plotters::style::register_font("sans-serif", FontStyle::Normal, font)
+        .map_err(|_| anyhow::anyhow!("DejaVu Sans did not load"))?;
+    let lat_path = dir.join("bench-latency.png");
+    {
+        let root = BitMapBackend::new(&lat_path, (800, 500)).into_drawing_area();
+        root.fill(&WHITE)?;
+        let max_x = latency.iter().map(|l| l.0).max().unwrap_or(1) as f64;
+        let max_y = latency.iter().map(|l| l.2).fold(1.0, f64::max) * 1.1;
+        let mut chart = ChartBuilder::on(&root)
+            .caption("Latency vs load (inbound → reply)", ("sans-serif", 24))
+            .margin(15)
+            .x_label_area_size(40)
+            .y_label_area_size(60)
+            .build_cartesian_2d(0f64..max_x * 1.05, 0f64..max_y)?;
+        chart
+            .configure_mesh()
+            .x_desc("turns sent at once")
+            .y_desc("ms")
+            .draw()?;
+        chart
+            .draw_series(LineSeries::new(
+                latency.iter().map(|l| (l.0 as f64, l.1)),
+                &BLUE,
+            ))?
+            .label("p50")
+            .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLUE));
+        chart
+            .draw_series(LineSeries::new(
+                latency.iter().map(|l| (l.0 as f64, l.2)),
+                &RED,
+            ))?
+            .label("p99")
+            .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], RED));
+        chart.configure_series_labels().border_style(BLACK).draw()?;
+        root.present()?;
+    }
+    let tp_path = dir.join("bench-runners.png");
+    {
+        let root = BitMapBackend::new(&tp_path, (800, 500)).into_drawing_area();
+        root.fill(&WHITE)?;
+        let max_x = throughput.iter().map(|t| t.0).max().unwrap_or(1) as f64;
+        let one = throughput.first().map(|t| t.1).unwrap_or(1.0);
+        let max_y = (one * max_x).max(throughput.iter().map(|t| t.1).fold(0.0, f64::max)) * 1.1;
+        let mut chart = ChartBuilder::on(&root)
+            .caption("Throughput vs runners (sleep:1 turns)", ("sans-serif", 24))
+            .margin(15)
+            .x_label_area_size(40)
+            .y_label_area_size(60)
+            .build_cartesian_2d(0f64..max_x + 0.5, 0f64..max_y)?;
+        chart
+            .configure_mesh()
+            .x_desc("runners (2 slots each)")
+            .y_desc("turns/s")
+            .draw()?;
+        chart
+            .draw_series(LineSeries::new(
+                throughput.iter().map(|t| (t.0 as f64, t.1)),
+                &BLUE,
+            ))?
+            .label("measured")
+            .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLUE));
+        chart
+            .draw_series(LineSeries::new(
+                throughput.iter().map(|t| (t.0 as f64, one * t.0 as f64)),
+                &BLACK.mix(0.4),
+            ))?
+            .label("linear")
+            .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLACK.mix(0.4)));
+        chart.configure_series_labels().border_style(BLACK).draw()?;
+        root.present()?;
+    }
+    Ok(vec![lat_path, tp_path])
+}

@@ -1,9 +1,13 @@
 //! The dispatcher: each inbound chat message becomes a turn (a KV create, so a replayed message
 //! never makes a second one) and its attempt 1 is published to the work stream.
 
-use async_nats::jetstream::AckKind;
+use async_nats::jetstream::{AckKind, Message};
+use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Duration;
+use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 use tracing::{debug, info, warn, Instrument};
 use turnpike_config::Config;
 use turnpike_core::lifecycle::{self, NewTurn};
@@ -15,6 +19,25 @@ use turnpike_jetstream::{dead_letter, decode, now, Bus, BusError};
 pub struct Dispatcher {
     bus: Bus,
     config: Config,
+}
+
+/// How long a chat's lane waits for its next message before it closes.
+const LANE_IDLE: Duration = Duration::from_secs(30);
+
+/// Handle one chat's messages in order until it has been idle for a while (or shutdown closes
+/// the sender). Whatever arrived while closing is still handled, never dropped.
+async fn lane(dispatcher: Arc<Dispatcher>, mut rx: mpsc::UnboundedReceiver<Message>) {
+    loop {
+        match tokio::time::timeout(LANE_IDLE, rx.recv()).await {
+            Ok(Some(msg)) => dispatcher.handle(msg).await,
+            Ok(None) => return,
+            Err(_) => break,
+        }
+    }
+    rx.close();
+    while let Ok(msg) = rx.try_recv() {
+        dispatcher.handle(msg).await;
+    }
 }
 
 impl Dispatcher {
@@ -30,14 +53,41 @@ impl Dispatcher {
         )
         .await?;
         info!("dispatcher started");
-        // One at a time: per-chat order depends on it.
-        turnpike_jetstream::consume::each_message(&consumer, 16, &shutdown, |msg| self.handle(msg))
-            .await;
+        // One lane per chat: a chat's messages are handled one at a time, in stream order (per-chat
+        // order depends on it); different chats go in parallel. Unacked messages are bounded by
+        // the consumer's max_ack_pending.
+        let me = Arc::new(self);
+        let lanes_done = TaskTracker::new();
+        let mut lanes: HashMap<String, mpsc::UnboundedSender<Message>> = HashMap::new();
+        let mut routed: u64 = 0;
+        turnpike_jetstream::consume::each_message(&consumer, 64, &shutdown, |msg| {
+            let key = msg.subject.to_string();
+            let leftover = match lanes.get(&key) {
+                Some(tx) => tx.send(msg).err().map(|e| e.0),
+                None => Some(msg),
+            };
+            if let Some(msg) = leftover {
+                // No lane, or it went idle and closed: open one.
+                let (tx, rx) = mpsc::unbounded_channel();
+                let _ = tx.send(msg);
+                lanes.insert(key, tx);
+                lanes_done.spawn(lane(me.clone(), rx));
+            }
+            routed += 1;
+            if routed.is_multiple_of(1024) {
+                lanes.retain(|_, tx| !tx.is_closed());
+            }
+            std::future::ready(())
+        })
+        .await;
+        drop(lanes);
+        lanes_done.close();
+        lanes_done.wait().await;
         info!("dispatcher stopped");
         Ok(())
     }
 
-    async fn handle(&self, msg: async_nats::jetstream::Message) {
+    async fn handle(&self, msg: Message) {
         let subject_chat = msg
             .subject
             .as_str()
@@ -93,7 +143,7 @@ impl Dispatcher {
     }
 
     /// Refused input is recorded as a dead letter with the reason, then acknowledged.
-    async fn refuse(&self, msg: &async_nats::jetstream::Message, reason: String) {
+    async fn refuse(&self, msg: &Message, reason: String) {
         dead_letter(
             &self.bus.js,
             "dispatcher",

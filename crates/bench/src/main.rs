@@ -46,12 +46,28 @@ enum What {
     /// The test agent (used by the process backend).
     #[command(hide = true)]
     Agent,
+    /// A coordinator in its own process (config from the environment), for the kill -9 timing.
+    #[command(hide = true)]
+    Coordinator,
 }
 
 fn main() -> Result<()> {
     let cli = Cli::parse();
     match cli.what {
         What::Agent => turnpike_test_agent::run(),
+        What::Coordinator => {
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()?;
+            rt.block_on(async {
+                let config = Config::load(None)?;
+                let bus = Bus::connect(&config, "bench-coordinator").await?;
+                turnpike_coordinator::Coordinator::new(bus, &config)
+                    .run(CancellationToken::new())
+                    .await?;
+                Ok(())
+            })
+        }
         What::All { write, turns } => {
             let rt = tokio::runtime::Builder::new_multi_thread()
                 .enable_all()
@@ -97,6 +113,15 @@ pub(crate) struct Stack {
 
 impl Stack {
     pub(crate) async fn start(runners: usize, tweak: impl FnOnce(&mut Config)) -> Result<Stack> {
+        Self::start_with(runners, true, tweak).await
+    }
+
+    /// `coordinator: false` leaves the coordinator to the caller (e.g. as a child process).
+    pub(crate) async fn start_with(
+        runners: usize,
+        coordinator: bool,
+        tweak: impl FnOnce(&mut Config),
+    ) -> Result<Stack> {
         let server = NatsServer::start();
         let me = std::env::current_exe()?;
         let mut config = Config {
@@ -117,11 +142,13 @@ impl Stack {
         tasks.push(tokio::spawn(async move {
             let _ = turnpike_dispatcher::Dispatcher::new(b, c).run(t).await;
         }));
-        let b = Bus::connect(&config, "bench-coordinator").await?;
-        let (c, t) = (config.clone(), token.clone());
-        tasks.push(tokio::spawn(async move {
-            let _ = turnpike_coordinator::Coordinator::new(b, &c).run(t).await;
-        }));
+        if coordinator {
+            let b = Bus::connect(&config, "bench-coordinator").await?;
+            let (c, t) = (config.clone(), token.clone());
+            tasks.push(tokio::spawn(async move {
+                let _ = turnpike_coordinator::Coordinator::new(b, &c).run(t).await;
+            }));
+        }
         for i in 0..runners {
             let b = Bus::connect(&config, "bench-runner").await?;
             let c = Config {
@@ -491,6 +518,7 @@ async fn all(turns: usize, plot_dir: &std::path::Path) -> Result<String> {
     pipeline_overhead(&mut out, turns).await?;
     extra::docker_overhead(&mut out).await?;
     retry_path(&mut out).await?;
+    extra::coordinator_kill(&mut out).await?;
     extra::scale(&mut out).await?;
     codecs(&mut out)?;
     let throughput = runner_scaling(&mut out).await?;

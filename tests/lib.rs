@@ -55,45 +55,44 @@ impl Role {
     }
 }
 
+impl Role {
+    /// Run `role` (a role's `run(token)` future) as a task that can be stopped or aborted.
+    fn spawn<F, E>(name: &'static str, role: impl FnOnce(CancellationToken) -> F) -> Role
+    where
+        F: std::future::Future<Output = Result<(), E>> + Send + 'static,
+        E: std::fmt::Display,
+    {
+        let token = CancellationToken::new();
+        let run = role(token.clone());
+        Role {
+            token,
+            task: tokio::spawn(async move {
+                if let Err(e) = run.await {
+                    panic!("{name} failed: {e}");
+                }
+            }),
+        }
+    }
+}
+
 pub async fn start_dispatcher(config: &Config) -> Role {
     let bus = Bus::connect(config, "test-dispatcher").await.expect("bus");
-    let token = CancellationToken::new();
     let d = turnpike_dispatcher::Dispatcher::new(bus, config.clone());
-    let t = token.clone();
-    Role {
-        token,
-        task: tokio::spawn(async move {
-            d.run(t).await.expect("dispatcher runs");
-        }),
-    }
+    Role::spawn("dispatcher", |t| d.run(t))
 }
 
 pub async fn start_coordinator(config: &Config) -> Role {
     let bus = Bus::connect(config, "test-coordinator").await.expect("bus");
-    let token = CancellationToken::new();
     let c = turnpike_coordinator::Coordinator::new(bus, config);
-    let t = token.clone();
-    Role {
-        token,
-        task: tokio::spawn(async move {
-            c.run(t).await.expect("coordinator runs");
-        }),
-    }
+    Role::spawn("coordinator", |t| c.run(t))
 }
 
 pub async fn start_runner(config: &Config) -> Role {
     let bus = Bus::connect(config, "test-runner").await.expect("bus");
-    let token = CancellationToken::new();
     let r = turnpike_runner::Runner::new(bus, config.clone())
         .await
         .expect("runner config");
-    let t = token.clone();
-    Role {
-        token,
-        task: tokio::spawn(async move {
-            r.run(t).await.expect("runner runs");
-        }),
-    }
+    Role::spawn("runner", |t| r.run(t))
 }
 
 /// Publish an inbound chat message as a chat adapter would; returns its turn id.

@@ -260,16 +260,7 @@ pub async fn coordinator_kill(out: &mut String) -> Result<()> {
     let mut started = Vec::new();
     let mut ended = Vec::new();
     for t in &ids {
-        let deadline = Instant::now() + Duration::from_secs(120);
-        let r = loop {
-            if let Some(v) = turnpike_jetstream::turns::load(&stack.bus, t).await? {
-                if v.record.state.is_terminal() {
-                    break v.record;
-                }
-            }
-            anyhow::ensure!(Instant::now() < deadline, "turn {t} did not end");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        };
+        let r = crate::ended(&stack.bus, t).await?;
         let due = r
             .attempts
             .get(1)

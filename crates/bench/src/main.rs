@@ -178,6 +178,20 @@ impl Stack {
     }
 }
 
+/// Wait (up to 2 minutes) for a turn to reach a terminal state.
+pub(crate) async fn ended(bus: &Bus, turn: &TurnId) -> Result<turnpike_core::TurnRecord> {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        if let Some(v) = turns::load(bus, turn).await? {
+            if v.record.state.is_terminal() {
+                return Ok(v.record);
+            }
+        }
+        anyhow::ensure!(Instant::now() < deadline, "turn {turn} did not end");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 pub(crate) fn inbound(chat: &ChatId, id: &str, text: &str) -> InboundMessage {
     InboundMessage {
         v: FORMAT_VERSION,
@@ -353,27 +367,19 @@ async fn retry_path(out: &mut String) -> Result<()> {
         }
         let mut late = Vec::new();
         for t in &ids {
-            let deadline = Instant::now() + Duration::from_secs(120);
-            loop {
-                let r = turns::load(&stack.bus, t).await?.map(|v| v.record);
-                if let Some(r) = r.filter(|r| r.state.is_terminal()) {
-                    if let (Some(died), Some(published)) = (
-                        r.attempts
-                            .first()
-                            .and_then(|a| a.exit.as_ref())
-                            .map(|e| e.ended_at),
-                        r.attempts.get(1).and_then(|a| a.published_at),
-                    ) {
-                        late.push(
-                            published
-                                .since(died)
-                                .saturating_sub(stack.config.retry_delay),
-                        );
-                    }
-                    break;
-                }
-                anyhow::ensure!(Instant::now() < deadline, "turn {t} did not end");
-                tokio::time::sleep(Duration::from_millis(200)).await;
+            let r = ended(&stack.bus, t).await?;
+            if let (Some(died), Some(published)) = (
+                r.attempts
+                    .first()
+                    .and_then(|a| a.exit.as_ref())
+                    .map(|e| e.ended_at),
+                r.attempts.get(1).and_then(|a| a.published_at),
+            ) {
+                late.push(
+                    published
+                        .since(died)
+                        .saturating_sub(stack.config.retry_delay),
+                );
             }
         }
         late.sort();

@@ -29,6 +29,21 @@ fn docker_config(server: &NatsServer, runner_id: &str) -> Config {
     }
 }
 
+/// Dispatcher, coordinator and (with `runner`) an in-process Docker runner on a fresh server.
+async fn docker_stack(runner_id: &str, runner: bool) -> (NatsServer, Config, Vec<Role>, Bus) {
+    let server = NatsServer::start();
+    let config = docker_config(&server, runner_id);
+    let mut roles = vec![
+        start_dispatcher(&config).await,
+        start_coordinator(&config).await,
+    ];
+    if runner {
+        roles.push(start_runner(&config).await);
+    }
+    let bus = Bus::connect(&config, "test").await.expect("bus");
+    (server, config, roles, bus)
+}
+
 async fn docker() -> Docker {
     Docker::connect_with_local_defaults()
         .expect("docker client")
@@ -210,14 +225,7 @@ async fn garbage_output_is_survived() {
 #[tokio::test]
 async fn an_operator_kill_stops_the_container_and_is_recorded_killed() {
     let runner_id = "dt-kill";
-    let server = NatsServer::start();
-    let config = docker_config(&server, runner_id);
-    let roles = [
-        start_dispatcher(&config).await,
-        start_coordinator(&config).await,
-        start_runner(&config).await,
-    ];
-    let bus = Bus::connect(&config, "test").await.expect("bus");
+    let (_server, _config, roles, bus) = docker_stack(runner_id, true).await;
     let turn = send(&bus, runner_id, "m-1", "hang").await;
     wait_state(&bus, &turn, TurnState::Running).await;
     // What the coordinator's ForwardKill effect sends.
@@ -245,13 +253,7 @@ async fn an_operator_kill_stops_the_container_and_is_recorded_killed() {
 #[tokio::test]
 async fn a_killed_runner_is_declared_lost_in_bounded_time_and_its_restart_reaps_the_orphan() {
     let runner_id = "dt-lost";
-    let server = NatsServer::start();
-    let config = docker_config(&server, runner_id);
-    let roles = [
-        start_dispatcher(&config).await,
-        start_coordinator(&config).await,
-    ];
-    let bus = Bus::connect(&config, "test").await.expect("bus");
+    let (_server, config, roles, bus) = docker_stack(runner_id, false).await;
     let mut runner = RoleProcess::start(env!("CARGO_BIN_EXE_test-role"), "runner", &config);
     let turn = send(&bus, runner_id, "m-1", "hang").await;
     wait_state(&bus, &turn, TurnState::Running).await;
@@ -295,14 +297,7 @@ async fn a_killed_runner_is_declared_lost_in_bounded_time_and_its_restart_reaps_
 #[tokio::test]
 async fn a_docker_kill_by_someone_else_is_a_signal_death_not_ours() {
     let runner_id = "dt-sigkill";
-    let server = NatsServer::start();
-    let config = docker_config(&server, runner_id);
-    let roles = [
-        start_dispatcher(&config).await,
-        start_coordinator(&config).await,
-        start_runner(&config).await,
-    ];
-    let bus = Bus::connect(&config, "test").await.expect("bus");
+    let (_server, _config, roles, bus) = docker_stack(runner_id, true).await;
     let turn = send(&bus, runner_id, "m-1", "hang").await;
     let id = eventually(T, "its container", || async {
         containers_of(runner_id).await.into_iter().next()
@@ -331,14 +326,7 @@ async fn a_docker_kill_by_someone_else_is_a_signal_death_not_ours() {
 #[tokio::test]
 async fn attachments_are_copied_into_the_container() {
     let runner_id = "dt-attach";
-    let server = NatsServer::start();
-    let config = docker_config(&server, runner_id);
-    let roles = [
-        start_dispatcher(&config).await,
-        start_coordinator(&config).await,
-        start_runner(&config).await,
-    ];
-    let bus = Bus::connect(&config, "test").await.expect("bus");
+    let (_server, _config, roles, bus) = docker_stack(runner_id, true).await;
     let content: Vec<u8> = (0..=255u8).cycle().take(70_000).collect();
     let mut reader: &[u8] = &content;
     bus.attachments

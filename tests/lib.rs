@@ -97,6 +97,17 @@ pub async fn start_runner(config: &Config) -> Role {
 
 /// Publish an inbound chat message as a chat adapter would; returns its turn id.
 pub async fn send(bus: &Bus, chat: &str, id: &str, text: &str) -> TurnId {
+    send_message(bus, chat, id, text, vec![]).await
+}
+
+/// Publish an inbound message with its attachments (already in the object store).
+pub async fn send_message(
+    bus: &Bus,
+    chat: &str,
+    id: &str,
+    text: &str,
+    attachments: Vec<turnpike_core::wire::Attachment>,
+) -> TurnId {
     let chat = ChatId::new(chat).expect("valid chat");
     let msg = InboundMessage {
         v: FORMAT_VERSION,
@@ -104,7 +115,7 @@ pub async fn send(bus: &Bus, chat: &str, id: &str, text: &str) -> TurnId {
         chat: chat.clone(),
         text: text.to_owned(),
         sender: Some("tester".into()),
-        attachments: vec![],
+        attachments,
     };
     Publish::new(bus.codec, subjects::chat_in(&chat), &msg)
         .expect("encodes")
@@ -183,25 +194,11 @@ pub async fn send_with_attachment(
     name: &str,
     object: &str,
 ) -> TurnId {
-    let chat = ChatId::new(chat).expect("valid chat");
-    let msg = InboundMessage {
-        v: FORMAT_VERSION,
-        id: id.to_owned(),
-        chat: chat.clone(),
-        text: text.to_owned(),
-        sender: Some("tester".into()),
-        attachments: vec![turnpike_core::wire::Attachment {
-            name: name.to_owned(),
-            object: object.to_owned(),
-        }],
+    let attachment = turnpike_core::wire::Attachment {
+        name: name.to_owned(),
+        object: object.to_owned(),
     };
-    Publish::new(bus.codec, subjects::chat_in(&chat), &msg)
-        .expect("encodes")
-        .msg_id(id)
-        .send(&bus.js)
-        .await
-        .expect("inbound accepted");
-    TurnId::for_message(&chat, id)
+    send_message(bus, chat, id, text, vec![attachment]).await
 }
 
 /// A whole pipeline on its own nats-server: dispatcher, coordinator and one runner in-process.

@@ -15,7 +15,7 @@ use turnpike_config::Backend;
 use turnpike_core::lifecycle::{self, NewTurn};
 use turnpike_core::wire::{AgentInput, OutboundItem, OutboundKind};
 use turnpike_core::{subjects, ChatId, Timestamp, TurnId};
-use turnpike_jetstream::{decode, Publish};
+use turnpike_jetstream::decode;
 
 const IMAGE: &str = "turnpike-test-agent:latest";
 
@@ -111,14 +111,7 @@ pub async fn docker_overhead(out: &mut String) -> Result<()> {
             .client
             .subscribe(subjects::chat_out(&chat))
             .await?;
-        Publish::new(
-            stack.bus.codec,
-            subjects::chat_in(&chat),
-            &inbound(&chat, &id, "reply:ok"),
-        )?
-        .msg_id(&id)
-        .send(&stack.bus.js)
-        .await?;
+        crate::send(&stack.bus, &chat, &id, "reply:ok").await?;
         loop {
             let m = tokio::time::timeout(Duration::from_secs(60), sub.next())
                 .await
@@ -223,15 +216,7 @@ pub async fn coordinator_kill(out: &mut String) -> Result<()> {
     for i in 0..n {
         let chat = ChatId::new(format!("ck-{i}"))?;
         let id = format!("ck-m{i}");
-        ids.push(TurnId::for_message(&chat, &id));
-        Publish::new(
-            stack.bus.codec,
-            subjects::chat_in(&chat),
-            &inbound(&chat, &id, "die-until:2"),
-        )?
-        .msg_id(&id)
-        .send(&stack.bus.js)
-        .await?;
+        ids.push(crate::send(&stack.bus, &chat, &id, "die-until:2").await?);
     }
     // All pending their retry, then the kill, 3 s into the delay.
     let deadline = Instant::now() + Duration::from_secs(60);

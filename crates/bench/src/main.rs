@@ -192,6 +192,15 @@ pub(crate) async fn ended(bus: &Bus, turn: &TurnId) -> Result<turnpike_core::Tur
     }
 }
 
+/// Publish one inbound message as a chat adapter would; returns its turn id.
+pub(crate) async fn send(bus: &Bus, chat: &ChatId, id: &str, text: &str) -> Result<TurnId> {
+    Publish::new(bus.codec, subjects::chat_in(chat), &inbound(chat, id, text))?
+        .msg_id(id)
+        .send(&bus.js)
+        .await?;
+    Ok(TurnId::for_message(chat, id))
+}
+
 pub(crate) fn inbound(chat: &ChatId, id: &str, text: &str) -> InboundMessage {
     InboundMessage {
         v: FORMAT_VERSION,
@@ -231,14 +240,7 @@ pub(crate) async fn burst(
         let id = format!("{tag}-m{i}");
         let turn = TurnId::for_message(&chat, &id);
         sent.insert(turn, Instant::now());
-        Publish::new(
-            stack.bus.codec,
-            subjects::chat_in(&chat),
-            &inbound(&chat, &id, text),
-        )?
-        .msg_id(&id)
-        .send(&stack.bus.js)
-        .await?;
+        send(&stack.bus, &chat, &id, text).await?;
     }
     let mut latencies = Vec::new();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(600);
@@ -351,15 +353,7 @@ async fn retry_path(out: &mut String) -> Result<()> {
         for i in 0..n {
             let chat = ChatId::new(format!("{tag}-{i}"))?;
             let id = format!("{tag}-m{i}");
-            ids.push(TurnId::for_message(&chat, &id));
-            Publish::new(
-                stack.bus.codec,
-                subjects::chat_in(&chat),
-                &inbound(&chat, &id, "die-until:2"),
-            )?
-            .msg_id(&id)
-            .send(&stack.bus.js)
-            .await?;
+            ids.push(send(&stack.bus, &chat, &id, "die-until:2").await?);
             if n == 10 {
                 // Isolated: deaths well apart.
                 tokio::time::sleep(Duration::from_millis(700)).await;

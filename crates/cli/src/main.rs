@@ -1,6 +1,7 @@
 //! `turnpike`: every role, the local pipeline, and the operator commands, in one binary.
 
 mod follow;
+mod health;
 mod nats_server;
 mod operator;
 mod up;
@@ -37,6 +38,16 @@ enum Command {
         /// Run a short scripted chat against the test agent, print what a user sees, and exit.
         #[arg(long)]
         demo: bool,
+    },
+    /// Create or update the streams, consumers and buckets (needs admin rights), then exit.
+    Setup,
+    /// Exit 0 if this container's role is healthy (for health checks in images with no shell).
+    Healthcheck {
+        #[arg(value_enum)]
+        check: health::Check,
+        /// For `nats`: the server's monitoring endpoint.
+        #[arg(long, default_value = "http://127.0.0.1:8222/healthz")]
+        url: String,
     },
     /// Run the dispatcher role (inbound chat messages become turns).
     Dispatcher,
@@ -121,6 +132,19 @@ fn shutdown_on_signal() -> CancellationToken {
     token
 }
 
+/// A role's connection: waits for NATS and the topology (a cluster may still be forming), unless
+/// told to stop first (then `None`).
+async fn role_bus(
+    config: &Config,
+    name: &str,
+    shutdown: &CancellationToken,
+) -> Result<Option<Bus>> {
+    tokio::select! {
+        bus = Bus::connect_patiently(config, name) => Ok(Some(bus?)),
+        _ = shutdown.cancelled() => Ok(None),
+    }
+}
+
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     if let Command::TestAgent = cli.command {
@@ -158,28 +182,60 @@ async fn run(command: Command, config: Config, json: bool) -> Result<std::proces
             }
             up::run(config, demo).await
         }
+        Command::Setup => {
+            let mut config = config;
+            config.manage_topology = true;
+            Bus::connect(&config, "turnpike-setup").await?;
+            println!(
+                "topology ready on {}: {} streams and buckets, {} consumers, {} replica(s)",
+                turnpike_jetstream::describe_servers(&config),
+                turnpike_jetstream::topology::STREAM_FILES.len(),
+                turnpike_jetstream::topology::CONSUMER_FILES.len(),
+                config.replicas
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Healthcheck { check, url } => match health::run(check, &url, config).await {
+            Ok(what) => {
+                println!("healthy: {what}");
+                Ok(ExitCode::SUCCESS)
+            }
+            Err(e) => {
+                println!("unhealthy: {e:#}");
+                Ok(ExitCode::FAILURE)
+            }
+        },
         Command::Dispatcher => {
             init_logs(&config);
-            let bus = Bus::connect(&config, "turnpike-dispatcher").await?;
+            let shutdown = shutdown_on_signal();
+            let Some(bus) = role_bus(&config, "turnpike-dispatcher", &shutdown).await? else {
+                return Ok(ExitCode::SUCCESS);
+            };
             turnpike_dispatcher::Dispatcher::new(bus, config)
-                .run(shutdown_on_signal())
+                .run(shutdown)
                 .await?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Coordinator => {
             init_logs(&config);
-            let bus = Bus::connect(&config, "turnpike-coordinator").await?;
+            let shutdown = shutdown_on_signal();
+            let Some(bus) = role_bus(&config, "turnpike-coordinator", &shutdown).await? else {
+                return Ok(ExitCode::SUCCESS);
+            };
             turnpike_coordinator::Coordinator::new(bus, &config)
-                .run(shutdown_on_signal())
+                .run(shutdown)
                 .await?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Runner => {
             init_logs(&config);
-            let bus = Bus::connect(&config, "turnpike-runner").await?;
+            let shutdown = shutdown_on_signal();
+            let Some(bus) = role_bus(&config, "turnpike-runner", &shutdown).await? else {
+                return Ok(ExitCode::SUCCESS);
+            };
             turnpike_runner::Runner::new(bus, config)
                 .await?
-                .run(shutdown_on_signal())
+                .run(shutdown)
                 .await?;
             Ok(ExitCode::SUCCESS)
         }

@@ -55,7 +55,13 @@ pub struct Config {
     pub nats_creds: Option<PathBuf>,
     pub nats_user: Option<String>,
     pub nats_password: Option<String>,
+    /// A file holding the password (credentials mounted as files, e.g. Docker secrets);
+    /// trailing white space is ignored.
+    pub nats_password_file: Option<PathBuf>,
     pub nats_token: Option<String>,
+    /// Prefix of this client's reply subjects (default `_INBOX`), so NATS permissions can give
+    /// each role only its own replies.
+    pub nats_inbox_prefix: Option<String>,
     /// Require TLS; with `nats_tls_ca` to trust a private CA, and cert + key for mutual TLS.
     pub nats_tls: bool,
     pub nats_tls_ca: Option<PathBuf>,
@@ -63,6 +69,9 @@ pub struct Config {
     pub nats_tls_key: Option<PathBuf>,
     /// Replicas of every stream and bucket: 1 on one server, 3 in a cluster.
     pub replicas: usize,
+    /// Create or update the streams, consumers and buckets at start-up. Roles that run with
+    /// least-privilege credentials set it to false and wait for `turnpike setup` to do it.
+    pub manage_topology: bool,
     /// Codec for payloads Turnpike writes (readers accept both).
     pub codec: PayloadCodec,
 
@@ -146,12 +155,15 @@ impl Default for Config {
             nats_creds: None,
             nats_user: None,
             nats_password: None,
+            nats_password_file: None,
             nats_token: None,
+            nats_inbox_prefix: None,
             nats_tls: false,
             nats_tls_ca: None,
             nats_tls_cert: None,
             nats_tls_key: None,
             replicas: 1,
+            manage_topology: true,
             codec: PayloadCodec::Json,
             max_turn_retry: 3,
             retry_delay: Duration::from_secs(10),
@@ -235,6 +247,29 @@ impl Config {
                 self.nats_url,
                 "name at least one server",
             ));
+        }
+        if self.nats_password.is_some() && self.nats_password_file.is_some() {
+            return Err(invalid(
+                "nats_password_file",
+                self.nats_password_file
+                    .as_ref()
+                    .map(|p| p.display().to_string())
+                    .unwrap_or_default(),
+                "set nats_password or nats_password_file, not both",
+            ));
+        }
+        if let Some(prefix) = &self.nats_inbox_prefix {
+            if prefix.is_empty()
+                || prefix
+                    .chars()
+                    .any(|c| c.is_whitespace() || matches!(c, '.' | '*' | '>'))
+            {
+                return Err(invalid(
+                    "nats_inbox_prefix",
+                    prefix.clone(),
+                    "one subject token: no dots, wildcards or white space",
+                ));
+            }
         }
         if self.runner_slots == 0 {
             return Err(invalid(

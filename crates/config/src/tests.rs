@@ -134,3 +134,38 @@ fn sizes_parse() {
     assert_eq!(ByteSize(512 << 20).to_string(), "512MiB");
     assert_eq!(ByteSize(1000).to_string(), "1000B");
 }
+
+#[test]
+fn credentials_from_a_file_and_inbox_prefix_from_env() {
+    Jail::expect_with(|jail| {
+        jail.set_env("TURNPIKE_NATS_USER", "runner");
+        jail.set_env("TURNPIKE_NATS_PASSWORD_FILE", "/run/secrets/nats_password");
+        jail.set_env("TURNPIKE_NATS_INBOX_PREFIX", "_INBOX_runner");
+        jail.set_env("TURNPIKE_MANAGE_TOPOLOGY", "false");
+        let c = Config::load(None).expect("loads");
+        assert_eq!(
+            c.nats_password_file.as_deref(),
+            Some(Path::new("/run/secrets/nats_password"))
+        );
+        assert_eq!(c.nats_inbox_prefix.as_deref(), Some("_INBOX_runner"));
+        assert!(!c.manage_topology);
+
+        // A password in two places is ambiguous.
+        jail.set_env("TURNPIKE_NATS_PASSWORD", "inline");
+        let err = Config::load(None).expect_err("both refused").to_string();
+        assert!(err.contains("nats_password_file"), "{err}");
+        Ok(())
+    });
+}
+
+#[test]
+fn an_inbox_prefix_is_one_subject_token() {
+    for bad in ["", "_INBOX.runner", "_INBOX_*", "a b", ">"] {
+        let c = Config {
+            nats_inbox_prefix: Some(bad.into()),
+            ..Config::default()
+        };
+        let err = c.validate().expect_err(bad).to_string();
+        assert!(err.contains("nats_inbox_prefix"), "{bad:?}: {err}");
+    }
+}

@@ -56,6 +56,11 @@ pub async fn serve(
         .client
         .service_builder()
         .description("Turnpike coordinator: operator actions and counters")
+        // Lets `turnpike healthcheck coordinator` find this process's own instance.
+        .metadata(std::collections::HashMap::from([(
+            "host".to_owned(),
+            turnpike_jetstream::host_name(),
+        )]))
         .stats_handler(move |_endpoint, _stats| {
             serde_json::to_value(c.snapshot()).unwrap_or_default()
         })

@@ -32,11 +32,18 @@ pub async fn connect(config: &Config, client_name: &str) -> Result<async_nats::C
             ))
         })?;
     }
-    match (&config.nats_user, &config.nats_password) {
+    let password = match &config.nats_password_file {
+        Some(file) => Some(read_secret(file)?),
+        None => config.nats_password.clone(),
+    };
+    if let Some(prefix) = &config.nats_inbox_prefix {
+        opts = opts.custom_inbox_prefix(prefix.clone());
+    }
+    match (&config.nats_user, &password) {
         (Some(u), Some(p)) => opts = opts.user_and_password(u.clone(), p.clone()),
         (Some(_), None) | (None, Some(_)) => {
             return Err(BusError::Setting(
-                "set both nats_user and nats_password, or neither".into(),
+                "set both nats_user and nats_password (or nats_password_file), or neither".into(),
             ))
         }
         (None, None) => {}
@@ -63,4 +70,22 @@ pub async fn connect(config: &Config, client_name: &str) -> Result<async_nats::C
         servers: describe_servers(config),
         source: Box::new(e),
     })
+}
+
+/// A secret kept in a file (a mounted Docker secret): its content without trailing white space.
+fn read_secret(file: &std::path::Path) -> Result<String, BusError> {
+    let text = std::fs::read_to_string(file).map_err(|e| {
+        BusError::Setting(format!(
+            "cannot read nats_password_file {}: {e}",
+            file.display()
+        ))
+    })?;
+    let secret = text.trim_end().to_owned();
+    if secret.is_empty() {
+        return Err(BusError::Setting(format!(
+            "nats_password_file {} is empty",
+            file.display()
+        )));
+    }
+    Ok(secret)
 }

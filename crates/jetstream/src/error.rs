@@ -20,7 +20,7 @@ pub enum BusError {
     #[error("could not create or update {what}: {message}")]
     Topology { what: String, message: String },
     #[error(
-        "could not open {name}: {message} — run any Turnpike role once to create the topology"
+        "could not open {name}: {message} — run `turnpike setup` (or any role with manage_topology on) to create the topology"
     )]
     Bucket { name: &'static str, message: String },
     #[error("publish to {subject} failed: {message}")]

@@ -21,6 +21,16 @@ use turnpike_config::Config;
 use turnpike_core::codec::Codec;
 use turnpike_core::subjects;
 
+/// This machine's (or container's) host name: runner ids, presence, and health checks use it.
+pub fn host_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_owned())
+        .ok()
+        .filter(|s| !s.is_empty())
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .unwrap_or_else(|| "localhost".to_owned())
+}
+
 /// A connection with every handle a role needs. Cheap to clone.
 #[derive(Clone)]
 pub struct Bus {
@@ -40,12 +50,34 @@ pub struct Bus {
 }
 
 impl Bus {
-    /// Connect, make sure the topology exists (idempotent), and open every bucket.
+    /// Connect, make sure the topology exists (idempotent; unless `manage_topology` is off),
+    /// and open every bucket. Fails at once if no server answers: for commands a person runs.
     pub async fn connect(config: &Config, client_name: &str) -> Result<Bus, BusError> {
         let client = connect(config, client_name).await?;
         let js = jetstream::new(client.clone());
-        topology::ensure(&js, config).await?;
+        if config.manage_topology {
+            topology::ensure(&js, config).await?;
+        }
         Bus::open(client, js, config).await
+    }
+
+    /// `connect` for long-running roles: while no server answers, the cluster is still electing
+    /// its leaders, or the topology is not there yet (`turnpike setup` creates it when
+    /// `manage_topology` is off), wait and try again rather than exit. Only a bad setting or
+    /// definition, which no wait can fix, is returned.
+    pub async fn connect_patiently(config: &Config, client_name: &str) -> Result<Bus, BusError> {
+        let mut wait = std::time::Duration::from_millis(250);
+        loop {
+            match Bus::connect(config, client_name).await {
+                Ok(bus) => return Ok(bus),
+                Err(e @ (BusError::Setting(_) | BusError::Definition { .. })) => return Err(e),
+                Err(e) => {
+                    tracing::warn!(error = %e, retry_in = ?wait, "NATS not ready for {client_name}");
+                    tokio::time::sleep(wait).await;
+                    wait = (wait * 2).min(std::time::Duration::from_secs(5));
+                }
+            }
+        }
     }
 
     /// Open the buckets of an existing topology (for clients that may not create it).

@@ -45,17 +45,8 @@ pub struct Runner {
 pub fn runner_id(config: &Config) -> RunnerId {
     match &config.runner_id {
         Some(id) => RunnerId::sanitized(id),
-        None => RunnerId::sanitized(&hostname()),
+        None => RunnerId::sanitized(&turnpike_jetstream::host_name()),
     }
-}
-
-fn hostname() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|s| s.trim().to_owned())
-        .ok()
-        .filter(|s| !s.is_empty())
-        .or_else(|| std::env::var("HOSTNAME").ok())
-        .unwrap_or_else(|| "runner".to_owned())
 }
 
 impl Runner {
@@ -222,7 +213,7 @@ async fn announce(inner: Arc<Inner>, slots: Arc<Semaphore>) {
         let presence = turnpike_core::wire::RunnerPresence {
             v: turnpike_core::FORMAT_VERSION,
             runner: inner.id.clone(),
-            host: hostname(),
+            host: turnpike_jetstream::host_name(),
             backend: inner.backend.name().to_owned(),
             slots: total,
             slots_in_use: total.saturating_sub(slots.available_permits() as u32),

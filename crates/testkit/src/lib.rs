@@ -14,6 +14,27 @@ pub struct NatsServer {
     port: u16,
     store: tempfile::TempDir,
     log: PathBuf,
+    /// With per-role users: the config file written for it.
+    accounts: Option<PathBuf>,
+}
+
+/// The deployment's users and permissions (`deploy/nats/accounts.conf`), embedded so tests run
+/// the very file operators deploy.
+pub const ACCOUNTS_CONF: &str = include_str!("../../../deploy/nats/accounts.conf");
+
+/// The users `ACCOUNTS_CONF` defines.
+pub const ROLES: [&str; 6] = [
+    "admin",
+    "dispatcher",
+    "coordinator",
+    "runner",
+    "chat",
+    "sys",
+];
+
+/// The password a test server gives `role` (tests only; deployments generate theirs).
+pub fn test_password(role: &str) -> String {
+    format!("test-{role}-password")
 }
 
 fn binary() -> PathBuf {
@@ -39,14 +60,50 @@ impl NatsServer {
             port: free_port(),
             store,
             log,
+            accounts: None,
         };
         s.spawn();
         s
     }
 
+    /// Like `start`, with the deployment's per-role users and permissions
+    /// (`deploy/nats/accounts.conf`); each user's password is `test_password(role)`.
+    pub fn start_with_accounts() -> NatsServer {
+        let store = tempfile::tempdir().expect("temp dir for the JetStream store");
+        let log = store.path().join("nats-server.log");
+        std::fs::write(store.path().join("accounts.conf"), ACCOUNTS_CONF)
+            .expect("write accounts.conf");
+        let conf = store.path().join("server.conf");
+        std::fs::write(&conf, "include \"accounts.conf\"\n").expect("write server.conf");
+        let mut s = NatsServer {
+            child: None,
+            port: free_port(),
+            store,
+            log,
+            accounts: Some(conf),
+        };
+        s.spawn();
+        s
+    }
+
+    /// The server's log so far (permission violations show there).
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
     fn spawn(&mut self) {
         let store_dir = self.store.path().join("js");
-        let child = Command::new(binary())
+        let mut cmd = Command::new(binary());
+        if let Some(conf) = &self.accounts {
+            cmd.arg("-c").arg(conf);
+            for role in ROLES {
+                cmd.env(
+                    format!("TURNPIKE_{}_PASSWORD", role.to_uppercase()),
+                    test_password(role),
+                );
+            }
+        }
+        let child = cmd
             .args([
                 "-a",
                 "127.0.0.1",

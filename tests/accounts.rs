@@ -1,0 +1,274 @@
+//! The deployment's per-role NATS users (`deploy/nats/accounts.conf`) on a real nats-server:
+//! every role does its whole job holding only its own rights, and a user without a right is
+//! refused by the server.
+
+use async_nats::jetstream;
+use futures::StreamExt;
+use std::time::Duration;
+use turnpike_config::Config;
+use turnpike_core::lifecycle::TurnState;
+use turnpike_core::wire::{Attachment, InboundMessage, OutboundItem, OutboundKind};
+use turnpike_core::{subjects, ChatId, TurnId, FORMAT_VERSION};
+use turnpike_jetstream::{decode, Bus};
+use turnpike_testkit::{test_password, NatsServer};
+use turnpike_tests::*;
+
+const AGENT: &str = env!("CARGO_BIN_EXE_test-agent");
+const T: Duration = Duration::from_secs(60);
+
+/// The chat client: publishes inbound, uploads attachments, reads outbound. It has no `Bus`
+/// (which opens every bucket): a chat adapter has no business with the others.
+struct ChatClient {
+    client: async_nats::Client,
+    js: jetstream::Context,
+    violations: tokio::sync::mpsc::UnboundedReceiver<String>,
+}
+
+async fn chat_client(server: &NatsServer) -> ChatClient {
+    let (tx, violations) = tokio::sync::mpsc::unbounded_channel();
+    let client =
+        async_nats::ConnectOptions::with_user_and_password("chat".into(), test_password("chat"))
+            .event_callback(move |event| {
+                let tx = tx.clone();
+                async move {
+                    if let async_nats::Event::ServerError(e) = event {
+                        let _ = tx.send(e.to_string());
+                    }
+                }
+            })
+            .connect(server.url())
+            .await
+            .expect("chat user connects");
+    let js = jetstream::new(client.clone());
+    ChatClient {
+        client,
+        js,
+        violations,
+    }
+}
+
+impl ChatClient {
+    async fn send(&self, chat: &str, id: &str, text: &str, attachments: Vec<Attachment>) -> TurnId {
+        let chat = ChatId::new(chat).expect("chat id");
+        let msg = InboundMessage {
+            v: FORMAT_VERSION,
+            id: id.into(),
+            chat: chat.clone(),
+            text: text.into(),
+            sender: Some("chat-user".into()),
+            attachments,
+        };
+        let mut headers = async_nats::HeaderMap::new();
+        headers.insert("Nats-Msg-Id", id);
+        self.js
+            .publish_with_headers(
+                subjects::chat_in(&chat),
+                headers,
+                serde_json::to_vec(&msg).expect("json").into(),
+            )
+            .await
+            .expect("publish inbound")
+            .await
+            .expect("inbound acknowledged");
+        TurnId::for_message(&chat, id)
+    }
+
+    /// What the chat reads: its outbound items, through a consumer of its own.
+    async fn read(&self, chat: &str) -> Vec<OutboundItem> {
+        let chat = ChatId::new(chat).expect("chat id");
+        let consumer = self
+            .js
+            .get_stream(subjects::STREAM_CHAT_OUT)
+            .await
+            .expect("chat user reads the outbound stream")
+            .create_consumer(jetstream::consumer::pull::Config {
+                filter_subject: subjects::chat_out(&chat),
+                ack_policy: jetstream::consumer::AckPolicy::None,
+                inactive_threshold: Duration::from_secs(30),
+                ..Default::default()
+            })
+            .await
+            .expect("chat user creates a reader");
+        let mut batch = consumer
+            .fetch()
+            .max_messages(1000)
+            .expires(Duration::from_millis(500))
+            .messages()
+            .await
+            .expect("fetch");
+        let mut out = Vec::new();
+        while let Some(Ok(m)) = batch.next().await {
+            out.push(decode(m.headers.as_ref(), &m.payload).expect("outbound item"));
+        }
+        out
+    }
+
+    /// Publish where this user may not, and wait for the server to say so.
+    async fn refused(&mut self, subject: &str) -> String {
+        self.client
+            .publish(subject.to_owned(), "forged".into())
+            .await
+            .expect("the client sends it");
+        self.client.flush().await.expect("flush");
+        tokio::time::timeout(Duration::from_secs(5), async {
+            loop {
+                match self.violations.recv().await {
+                    Some(v) if v.contains(subject) => return v,
+                    Some(_) => continue,
+                    None => panic!("event channel closed"),
+                }
+            }
+        })
+        .await
+        .unwrap_or_else(|_| panic!("the server did not refuse a publish to {subject}"))
+    }
+}
+
+fn replies(items: &[OutboundItem]) -> Vec<&str> {
+    items
+        .iter()
+        .filter(|i| i.kind == OutboundKind::Message)
+        .map(|i| i.text.as_str())
+        .collect()
+}
+
+#[tokio::test]
+async fn each_role_does_its_whole_job_with_only_its_own_rights() {
+    init_logs();
+    let server = NatsServer::start_with_accounts();
+    let base = test_config(&server, AGENT);
+    // Only admin may create the topology; the roles only open it.
+    let admin = Bus::connect(&as_role(&base, "admin"), "test-admin")
+        .await
+        .expect("admin creates the topology");
+    let roles = [
+        start_dispatcher(&as_role(&base, "dispatcher")).await,
+        start_coordinator(&as_role(&base, "coordinator")).await,
+        start_runner(&as_role(&base, "runner")).await,
+    ];
+    let mut chat = chat_client(&server).await;
+
+    // Upload an attachment as the chat user; the runner reads it.
+    let store = chat
+        .js
+        .get_object_store(subjects::OBJECTS_ATTACHMENTS)
+        .await
+        .expect("chat user opens the attachment store");
+    let mut bytes: &[u8] = b"least privilege";
+    store
+        .put("lp/m3/a.txt", &mut bytes)
+        .await
+        .expect("chat user uploads");
+
+    let reply = chat.send("lp", "lp-1", "reply:one", vec![]).await;
+    let retried = chat.send("lp2", "lp-2", "die-until:2", vec![]).await;
+    let attached = chat
+        .send(
+            "lp3",
+            "lp-3",
+            "attachments",
+            vec![Attachment {
+                name: "a.txt".into(),
+                object: "lp/m3/a.txt".into(),
+            }],
+        )
+        .await;
+    let hung = chat.send("lp4", "lp-4", "hang", vec![]).await;
+
+    assert_eq!(wait_ended(&admin, &reply, T).await.state, TurnState::Done);
+    let r = wait_ended(&admin, &retried, T).await;
+    assert_eq!((r.state, r.attempts.len()), (TurnState::Done, 2));
+    assert_eq!(
+        wait_ended(&admin, &attached, T).await.state,
+        TurnState::Done
+    );
+    // An operator action through the coordinators' service.
+    wait_state(&admin, &hung, TurnState::Running).await;
+    let answer = ops(
+        &admin,
+        subjects::OPS_KILL,
+        serde_json::json!({"by": "op", "turn": hung.as_str()}),
+    )
+    .await;
+    assert!(answer.ok, "kill refused: {}", answer.message);
+    assert_eq!(wait_ended(&admin, &hung, T).await.state, TurnState::Killed);
+
+    assert_eq!(replies(&chat.read("lp").await), vec!["one"]);
+    assert_eq!(replies(&chat.read("lp2").await).len(), 1);
+    let seen = replies(&chat.read("lp3").await).join(" ");
+    assert!(seen.contains("a.txt"), "runner read the attachment: {seen}");
+
+    // Nothing any role did was refused.
+    let log = server.log();
+    assert!(
+        !log.contains("Violation"),
+        "a role lacked a permission it needs:\n{}",
+        log.lines()
+            .filter(|l| l.contains("Violation"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+
+    // A chat user may not act as a runner, a coordinator or an operator.
+    for forged in [
+        format!("turnpike.events.{}", reply.as_str()),
+        format!("$KV.turnpike_turns.{}", reply.as_str()),
+        format!("turnpike.work.run.{}", reply.as_str()),
+        "turnpike.chat.out.lp".to_owned(),
+        "turnpike.ops.kill".to_owned(),
+        "$JS.API.STREAM.DELETE.TURNPIKE_CHAT_IN".to_owned(),
+    ] {
+        let why = chat.refused(&forged).await;
+        assert!(why.contains("Permissions Violation"), "{why}");
+    }
+    // None of it reached a stream: the turn is as it was, no event beyond the runner's.
+    let record = wait_ended(&admin, &reply, T).await;
+    assert_eq!((record.state, record.attempts.len()), (TurnState::Done, 1));
+    assert_eq!(replies(&chat.read("lp").await), vec!["one"]);
+    admin
+        .js
+        .get_stream(subjects::STREAM_CHAT_IN)
+        .await
+        .expect("the inbound stream was not deleted");
+
+    // A runner may not write turn state.
+    let runner_client = async_nats::ConnectOptions::with_user_and_password(
+        "runner".into(),
+        test_password("runner"),
+    )
+    .custom_inbox_prefix("_INBOX_runner")
+    .connect(server.url())
+    .await
+    .expect("runner user connects");
+    let runner_js = jetstream::new(runner_client);
+    let put = tokio::time::timeout(
+        Duration::from_secs(3),
+        runner_js.publish(format!("$KV.turnpike_turns.{}", reply.as_str()), "x".into()),
+    )
+    .await;
+    let stored = match put {
+        Ok(Ok(ack)) => tokio::time::timeout(Duration::from_secs(3), ack)
+            .await
+            .map(|a| a.is_ok())
+            .unwrap_or(false),
+        _ => false,
+    };
+    assert!(!stored, "a runner wrote a turn record");
+    let record = wait_ended(&admin, &reply, T).await;
+    assert_eq!(record.state, TurnState::Done, "the record is untouched");
+
+    for r in roles {
+        r.stop().await;
+    }
+}
+
+/// A role's config on the accounts server: its own user, its own reply prefix, no topology rights.
+fn as_role(base: &Config, role: &str) -> Config {
+    Config {
+        nats_user: Some(role.into()),
+        nats_password: Some(test_password(role)),
+        nats_inbox_prefix: (role != "admin").then(|| format!("_INBOX_{role}")),
+        manage_topology: role == "admin",
+        ..base.clone()
+    }
+}

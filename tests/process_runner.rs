@@ -90,3 +90,35 @@ async fn past_the_drain_grace_attempts_are_killed_reported_and_retried_elsewhere
         r.stop().await;
     }
 }
+
+/// Presence counts running attempts, not the permit the pull loop holds while it waits.
+#[tokio::test]
+async fn presence_reports_slots_in_use_as_running_attempts() {
+    let p = Pipeline::start(AGENT, |c| c.runner_id = Some("slots-r".into())).await;
+    let in_use = |want: u32| {
+        let bus = p.bus.clone();
+        async move {
+            turnpike_testkit::eventually(T, &format!("{want} slot(s) in use"), || async {
+                let entry = bus.runners.entry("slots-r").await.ok()??;
+                let presence: turnpike_core::wire::RunnerPresence =
+                    turnpike_jetstream::decode_kv(&entry.value).ok()?;
+                (presence.slots_in_use == want).then_some(())
+            })
+            .await
+        }
+    };
+    in_use(0).await;
+    let turn = send(&p.bus, "slots", "m-1", "hang").await;
+    wait_state(&p.bus, &turn, TurnState::Running).await;
+    in_use(1).await;
+    let answer = ops(
+        &p.bus,
+        turnpike_core::subjects::OPS_KILL,
+        serde_json::json!({"by": "t", "turn": turn.as_str()}),
+    )
+    .await;
+    assert!(answer.ok, "{}", answer.message);
+    wait_ended(&p.bus, &turn, T).await;
+    in_use(0).await;
+    p.stop().await;
+}

@@ -35,6 +35,9 @@ pub(crate) struct Inner {
     pub(crate) backend: Backend,
     /// Cancelled when running attempts must be killed (drain grace over).
     pub(crate) hard_stop: CancellationToken,
+    /// Attempts running now. Not the semaphore's count: the pull loop holds a permit while it
+    /// merely waits for work.
+    pub(crate) running: std::sync::atomic::AtomicU32,
 }
 
 pub struct Runner {
@@ -74,6 +77,7 @@ impl Runner {
                 config,
                 backend,
                 hard_stop: CancellationToken::new(),
+                running: std::sync::atomic::AtomicU32::new(0),
             }),
         })
     }
@@ -97,7 +101,7 @@ impl Runner {
             .map_err(|e| BusError::kv("open runners consumer", e))?;
         let slots = Arc::new(Semaphore::new(inner.config.runner_slots as usize));
         reap_orphans(&inner).await;
-        let presence = tokio::spawn(announce(inner.clone(), slots.clone()));
+        let presence = tokio::spawn(announce(inner.clone()));
         let mut tasks = tokio::task::JoinSet::new();
         info!(runner_id = %inner.id, slots = inner.config.runner_slots, backend = inner.backend.name(), "runner started");
         'pull: loop {
@@ -152,8 +156,14 @@ impl Runner {
                     },
                 };
                 let inner = inner.clone();
+                inner
+                    .running
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 tasks.spawn(async move {
-                    attempt::handle(inner, msg).await;
+                    attempt::handle(inner.clone(), msg).await;
+                    inner
+                        .running
+                        .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
                     drop(p);
                 });
             }
@@ -206,7 +216,7 @@ async fn reap_orphans(inner: &Arc<Inner>) {
 
 /// Keep this runner's presence (id, host, slots, slots in use, version) fresh in the runners
 /// bucket; the TTL removes it if the runner dies.
-async fn announce(inner: Arc<Inner>, slots: Arc<Semaphore>) {
+async fn announce(inner: Arc<Inner>) {
     let ttl = inner.config.lease * 2;
     loop {
         let total = inner.config.runner_slots;
@@ -216,7 +226,10 @@ async fn announce(inner: Arc<Inner>, slots: Arc<Semaphore>) {
             host: turnpike_jetstream::host_name(),
             backend: inner.backend.name().to_owned(),
             slots: total,
-            slots_in_use: total.saturating_sub(slots.available_permits() as u32),
+            slots_in_use: inner
+                .running
+                .load(std::sync::atomic::Ordering::Relaxed)
+                .min(total),
             version: env!("CARGO_PKG_VERSION").to_owned(),
             at: turnpike_jetstream::now(),
         };

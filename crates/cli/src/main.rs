@@ -40,7 +40,11 @@ enum Command {
         demo: bool,
     },
     /// Create or update the streams, consumers and buckets (needs admin rights), then exit.
-    Setup,
+    Setup {
+        /// Wait this long for NATS (a cluster still electing its leaders) before giving up.
+        #[arg(long, default_value = "0s", value_parser = humantime::parse_duration)]
+        wait: Duration,
+    },
     /// Exit 0 if this container's role is healthy (for health checks in images with no shell).
     Healthcheck {
         #[arg(value_enum)]
@@ -182,10 +186,23 @@ async fn run(command: Command, config: Config, json: bool) -> Result<std::proces
             }
             up::run(config, demo).await
         }
-        Command::Setup => {
+        Command::Setup { wait } => {
+            init_logs(&config);
             let mut config = config;
             config.manage_topology = true;
-            Bus::connect(&config, "turnpike-setup").await?;
+            if wait.is_zero() {
+                Bus::connect(&config, "turnpike-setup").await?;
+            } else {
+                tokio::time::timeout(wait, Bus::connect_patiently(&config, "turnpike-setup"))
+                    .await
+                    .map_err(|_| {
+                        anyhow::anyhow!(
+                            "NATS at {} was not ready within {}",
+                            turnpike_jetstream::describe_servers(&config),
+                            humantime::format_duration(wait)
+                        )
+                    })??;
+            }
             println!(
                 "topology ready on {}: {} streams and buckets, {} consumers, {} replica(s)",
                 turnpike_jetstream::describe_servers(&config),

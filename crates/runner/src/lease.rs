@@ -59,23 +59,19 @@ pub(crate) fn keep_alive(
         let lease = inner.config.lease;
         let beat = inner.config.heartbeat;
         let value = Bytes::from(inner.id.to_string());
-        // The lease was created with the claim; renew it from here on.
+        // The lease was created with the claim; renew it from here on. `last_ok` is when the
+        // last renewal that succeeded was *sent*: the server's TTL started no earlier than that.
         let mut last_ok = Instant::now();
         loop {
-            tokio::time::sleep(beat.saturating_sub(Duration::from_millis(10))).await;
-            let renewed = tokio::time::timeout(
-                beat,
-                put_with_ttl(&inner, subjects::BUCKET_LEASES, &key, lease, value.clone()),
-            )
-            .await;
-            match renewed {
-                Ok(Ok(())) => last_ok = Instant::now(),
-                Ok(Err(e)) => warn!(error = %e, "lease renewal failed"),
-                Err(_) => warn!("lease renewal timed out"),
-            }
-            if last_ok.elapsed() + beat >= lease {
-                warn!("lease about to lapse; stopping the run before the coordinator declares it lost");
-                stop.send_if_modified(|s| {
+            // Stop the run while one heartbeat of the lease is still left. Both the wait and the
+            // renewal are bounded by that deadline: checking only between renewals could miss
+            // it by a whole heartbeat plus a renewal time-out, and keep a zombie run past its
+            // lease (seen in the fault suite with lease 6 s, heartbeat 2 s).
+            let stop_at = last_ok + lease.saturating_sub(beat);
+            let next = Instant::now() + beat.saturating_sub(Duration::from_millis(10));
+            tokio::time::sleep_until(next.min(stop_at).into()).await;
+            if Instant::now() >= stop_at {
+                let asked = stop.send_if_modified(|s| {
                     if s.is_none() {
                         *s = Some(StopReason::LeaseLost);
                         true
@@ -83,6 +79,24 @@ pub(crate) fn keep_alive(
                         false
                     }
                 });
+                if asked {
+                    warn!("lease about to lapse; stopping the run before the coordinator declares it lost");
+                }
+            }
+            let sent = Instant::now();
+            let budget = match stop_at.checked_duration_since(sent) {
+                Some(left) if !left.is_zero() => left.min(beat),
+                _ => beat,
+            };
+            let renewed = tokio::time::timeout(
+                budget,
+                put_with_ttl(&inner, subjects::BUCKET_LEASES, &key, lease, value.clone()),
+            )
+            .await;
+            match renewed {
+                Ok(Ok(())) => last_ok = sent,
+                Ok(Err(e)) => warn!(error = %e, "lease renewal failed"),
+                Err(_) => warn!("lease renewal timed out"),
             }
         }
     })

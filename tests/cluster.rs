@@ -10,8 +10,9 @@
 
 use async_nats::jetstream::consumer::{pull, AckPolicy, DeliverPolicy};
 use bollard::models::{
-    ContainerCreateBody, EndpointSettings, HostConfig, NetworkConnectRequest, NetworkCreateRequest,
-    NetworkDisconnectRequest, NetworkingConfig, PortBinding,
+    ContainerCreateBody, EndpointSettings, HealthConfig, HealthStatusEnum, HostConfig,
+    NetworkConnectRequest, NetworkCreateRequest, NetworkDisconnectRequest, NetworkingConfig,
+    PortBinding,
 };
 use bollard::query_parameters::{
     CreateContainerOptionsBuilder, KillContainerOptionsBuilder, ListContainersOptionsBuilder,
@@ -196,6 +197,21 @@ impl Cluster {
             cluster.add_runner().await;
         }
         cluster.wait_runners(opts.runners).await;
+        // Every node and role reports healthy through `turnpike healthcheck`, as in compose.
+        let mut names: Vec<String> = (1..=3).map(|k| format!("nats-{k}")).collect();
+        names.extend((1..=opts.coordinators).map(|k| format!("coordinator-{k}")));
+        names.push("dispatcher".into());
+        names.extend((1..=opts.runners).map(|k| format!("runner-{k}")));
+        for name in &names {
+            turnpike_testkit::eventually(
+                Duration::from_secs(90),
+                &format!("{name} healthy"),
+                || async {
+                    (cluster.health(name).await == Some(HealthStatusEnum::HEALTHY)).then_some(())
+                },
+            )
+            .await;
+        }
         // One turn end to end: every role is up and has found its consumer.
         let warm = send_acked(&cluster.bus, "warmup", "warmup-1", "reply:warm", 60).await;
         let r = wait_all_ended(&cluster.bus, &[warm], Duration::from_secs(120)).await;
@@ -337,6 +353,17 @@ impl Cluster {
         (running, c.restart_count.unwrap_or(0))
     }
 
+    /// The container's health as its health check reports it.
+    pub async fn health(&self, name: &str) -> Option<HealthStatusEnum> {
+        self.docker
+            .inspect_container(&self.container_name(name), None)
+            .await
+            .ok()?
+            .state?
+            .health?
+            .status
+    }
+
     /// Agent containers a runner started (all states): (container id, turn, attempt, running).
     pub async fn agents_of(&self, runner_id: &str) -> Vec<(String, String, u32, bool)> {
         let filters: HashMap<&str, Vec<String>> =
@@ -453,6 +480,7 @@ impl Partial {
         let body = ContainerCreateBody {
             image: Some(NATS_IMAGE.into()),
             hostname: Some(name.clone()),
+            healthcheck: Some(health_check("nats")),
             env: Some(env),
             labels: Some(self.labels("nats")),
             exposed_ports: Some(vec!["4222/tcp".into()]),
@@ -518,9 +546,14 @@ impl Partial {
             group_add = Some(vec![gid.to_string()]);
         }
         env.extend(extra_env);
+        let check = ["runner", "coordinator", "dispatcher"]
+            .into_iter()
+            .find(|r| *r == user)
+            .map(health_check);
         let body = ContainerCreateBody {
             image: Some(TURNPIKE_IMAGE.into()),
             hostname: Some(name.to_owned()),
+            healthcheck: check,
             cmd: Some(cmd.iter().map(|s| s.to_string()).collect()),
             env: Some(env),
             labels: Some(self.labels(name)),
@@ -587,6 +620,23 @@ impl Partial {
             docker_cli(&args);
         }
         docker_cli(&["network", "rm", &self.network]);
+    }
+}
+
+/// The deployment's health check for a role (as in compose.yaml), checked often.
+fn health_check(role: &str) -> HealthConfig {
+    const SEC: i64 = 1_000_000_000;
+    HealthConfig {
+        test: Some(vec![
+            "CMD".into(),
+            "/turnpike".into(),
+            "healthcheck".into(),
+            role.into(),
+        ]),
+        interval: Some(2 * SEC),
+        timeout: Some(10 * SEC),
+        retries: Some(3),
+        ..Default::default()
     }
 }
 

@@ -17,7 +17,11 @@ use turnpike_testkit::{eventually, test_password};
 use turnpike_tests::cluster::*;
 use turnpike_tests::{dead_letters, init_logs, wait_state};
 
-const LONG: Duration = Duration::from_secs(300);
+/// How long a case waits for its turns to end: generous (an R3 cluster and six roles share two
+/// cores here), and longer for a soak.
+fn long() -> Duration {
+    Duration::from_secs(300 * soak() as u64)
+}
 
 async fn record(c: &Cluster, turn: &TurnId) -> TurnRecord {
     turns::load(&c.bus, turn)
@@ -71,7 +75,7 @@ async fn f1_runner_killed_while_running_attempts() {
     )
     .await;
     c.kill("runner-1").await;
-    let mut tally = judge(&c.bus, "1 runner killed", &expects, LONG).await;
+    let mut tally = judge(&c.bus, "1 runner killed", &expects, long()).await;
 
     let mut moved = 0;
     for e in &expects {
@@ -174,7 +178,7 @@ async fn f2_runner_cut_off_mid_run() {
             attempts: Some(2),
             replies: 1,
         });
-        let ended = wait_all_ended(&c.bus, std::slice::from_ref(&turn), LONG).await;
+        let ended = wait_all_ended(&c.bus, std::slice::from_ref(&turn), long()).await;
         let before = ended[0].clone().expect("turn");
         assert_eq!(
             before.attempts[0].exit.as_ref().map(|x| x.class),
@@ -202,7 +206,7 @@ async fn f2_runner_cut_off_mid_run() {
         );
         victims.push(format!("{stopped:.1?}"));
     }
-    let mut tally = judge(&c.bus, "2 runner cut off", &expects, LONG).await;
+    let mut tally = judge(&c.bus, "2 runner cut off", &expects, long()).await;
     tally.note = format!(
         "stale container stopped {} after the cut (lease {lease:?})",
         victims.join(", ")
@@ -255,7 +259,7 @@ async fn f3_coordinators_restarted_one_by_one_under_load() {
         n
     };
     let (expects, restarted) = tokio::join!(load, restarts);
-    let mut tally = judge(&c.bus, "3 coordinators rolling", &expects, LONG).await;
+    let mut tally = judge(&c.bus, "3 coordinators rolling", &expects, long()).await;
     let gave_up = expects
         .iter()
         .filter(|e| e.state == TurnState::GaveUp)
@@ -299,7 +303,7 @@ async fn f4_nats_nodes_stopped_one_after_another() {
         }
     };
     let ((expects, unacked), ()) = tokio::join!(load, outages);
-    let mut tally = judge(&c.bus, "4 NATS nodes stopped", &expects, LONG).await;
+    let mut tally = judge(&c.bus, "4 NATS nodes stopped", &expects, long()).await;
     tally.note = format!("{unacked} inbound not acknowledged within 60 s (not counted)");
     tally.report();
 }
@@ -356,7 +360,7 @@ async fn f5_whole_cluster_restarted_with_retries_pending() {
     futures::future::join_all(roles.iter().map(|r| c.start_container(r))).await;
     let up_at = turnpike_jetstream::now().millis();
 
-    let mut tally = judge(&c.bus, "5 whole cluster restarted", &expects, LONG).await;
+    let mut tally = judge(&c.bus, "5 whole cluster restarted", &expects, long()).await;
     for e in &expects {
         let r = record(&c, &e.turn).await;
         if let Some(a) = r.attempts.get(1) {
@@ -424,7 +428,7 @@ async fn f6_runners_scaled_from_one_to_three_under_load() {
     };
     let (expects, scaled_at) = tokio::join!(load, scale);
     let load_end = turnpike_jetstream::now().millis();
-    let mut tally = judge(&c.bus, "6 runners 1 -> 3", &expects, LONG).await;
+    let mut tally = judge(&c.bus, "6 runners 1 -> 3", &expects, long()).await;
     // Turns ended per second within each phase (past a short settling time after each start).
     let mut ends = Vec::new();
     for e in &expects {
@@ -580,7 +584,7 @@ async fn f7_bad_input_flood() {
         refused += 1;
     }
 
-    let mut tally = judge(&c.bus, "7 bad input flood", &expects, LONG).await;
+    let mut tally = judge(&c.bus, "7 bad input flood", &expects, long()).await;
     // Every bad message is dead-lettered with a reason.
     let dead = eventually(Duration::from_secs(60), "dead letters", || async {
         let d = dead_letters(&c.bus).await;

@@ -257,3 +257,47 @@ async fn turnpike_up_runs_the_pipeline_and_stops_cleanly_on_ctrl_c() {
     // Its nats-server is gone too.
     assert!(std::net::TcpStream::connect(("127.0.0.1", port)).is_err());
 }
+
+/// `turnpike healthcheck`: exit 0 for this host's live roles, 1 (saying why) otherwise.
+#[tokio::test]
+async fn healthcheck_tells_a_live_role_from_a_missing_one() {
+    let agent = format!("{AGENT} test-agent");
+    let p = Pipeline::start(&agent, |c| c.runner_id = Some("hc-runner".into())).await;
+    let url = p.config.nats_url.clone();
+    let check = |args: Vec<&'static str>, runner: &'static str| {
+        let url = url.clone();
+        async move {
+            tokio::process::Command::new(TURNPIKE)
+                .args(args)
+                .env("TURNPIKE_NATS_URL", &url)
+                .env("TURNPIKE_RUNNER_ID", runner)
+                .env("TURNPIKE_LOG", "error")
+                .output()
+                .await
+                .expect("run turnpike")
+        }
+    };
+    for role in ["runner", "coordinator", "dispatcher"] {
+        let o = turnpike_testkit::eventually(
+            Duration::from_secs(20),
+            &format!("{role} healthy"),
+            || async {
+                let o = check(vec!["healthcheck", role], "hc-runner").await;
+                (o.status.code() == Some(0)).then_some(o)
+            },
+        )
+        .await;
+        assert!(stdout(&o).starts_with("healthy: "), "{}", stdout(&o));
+    }
+    let o = check(vec!["healthcheck", "runner"], "no-such-runner").await;
+    assert_eq!(o.status.code(), Some(1), "{}", stdout(&o));
+    assert!(stdout(&o).contains("no presence record"), "{}", stdout(&o));
+    let o = check(
+        vec!["healthcheck", "nats", "--url", "http://127.0.0.1:1/healthz"],
+        "hc-runner",
+    )
+    .await;
+    assert_eq!(o.status.code(), Some(1), "{}", stdout(&o));
+    assert!(stdout(&o).starts_with("unhealthy: "), "{}", stdout(&o));
+    p.stop().await;
+}

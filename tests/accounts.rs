@@ -3,13 +3,12 @@
 //! refused by the server.
 
 use async_nats::jetstream;
-use futures::StreamExt;
 use std::time::Duration;
 use turnpike_config::Config;
 use turnpike_core::lifecycle::TurnState;
 use turnpike_core::wire::{Attachment, InboundMessage, OutboundItem, OutboundKind};
 use turnpike_core::{subjects, ChatId, TurnId, FORMAT_VERSION};
-use turnpike_jetstream::{decode, Bus};
+use turnpike_jetstream::Bus;
 use turnpike_testkit::{test_password, NatsServer};
 use turnpike_tests::*;
 
@@ -19,32 +18,14 @@ const T: Duration = Duration::from_secs(60);
 /// The chat client: publishes inbound, uploads attachments, reads outbound. It has no `Bus`
 /// (which opens every bucket): a chat adapter has no business with the others.
 struct ChatClient {
-    client: async_nats::Client,
+    watched: Watched,
     js: jetstream::Context,
-    violations: tokio::sync::mpsc::UnboundedReceiver<String>,
 }
 
 async fn chat_client(server: &NatsServer) -> ChatClient {
-    let (tx, violations) = tokio::sync::mpsc::unbounded_channel();
-    let client =
-        async_nats::ConnectOptions::with_user_and_password("chat".into(), test_password("chat"))
-            .event_callback(move |event| {
-                let tx = tx.clone();
-                async move {
-                    if let async_nats::Event::ServerError(e) = event {
-                        let _ = tx.send(e.to_string());
-                    }
-                }
-            })
-            .connect(server.url())
-            .await
-            .expect("chat user connects");
-    let js = jetstream::new(client.clone());
-    ChatClient {
-        client,
-        js,
-        violations,
-    }
+    let watched = connect_as("chat", vec![server.url()]).await;
+    let js = jetstream::new(watched.client.clone());
+    ChatClient { watched, js }
 }
 
 impl ChatClient {
@@ -76,51 +57,7 @@ impl ChatClient {
     /// What the chat reads: its outbound items, through a consumer of its own.
     async fn read(&self, chat: &str) -> Vec<OutboundItem> {
         let chat = ChatId::new(chat).expect("chat id");
-        let consumer = self
-            .js
-            .get_stream(subjects::STREAM_CHAT_OUT)
-            .await
-            .expect("chat user reads the outbound stream")
-            .create_consumer(jetstream::consumer::pull::Config {
-                filter_subject: subjects::chat_out(&chat),
-                ack_policy: jetstream::consumer::AckPolicy::None,
-                inactive_threshold: Duration::from_secs(30),
-                ..Default::default()
-            })
-            .await
-            .expect("chat user creates a reader");
-        let mut batch = consumer
-            .fetch()
-            .max_messages(1000)
-            .expires(Duration::from_millis(500))
-            .messages()
-            .await
-            .expect("fetch");
-        let mut out = Vec::new();
-        while let Some(Ok(m)) = batch.next().await {
-            out.push(decode(m.headers.as_ref(), &m.payload).expect("outbound item"));
-        }
-        out
-    }
-
-    /// Publish where this user may not, and wait for the server to say so.
-    async fn refused(&mut self, subject: &str) -> String {
-        self.client
-            .publish(subject.to_owned(), "forged".into())
-            .await
-            .expect("the client sends it");
-        self.client.flush().await.expect("flush");
-        tokio::time::timeout(Duration::from_secs(5), async {
-            loop {
-                match self.violations.recv().await {
-                    Some(v) if v.contains(subject) => return v,
-                    Some(_) => continue,
-                    None => panic!("event channel closed"),
-                }
-            }
-        })
-        .await
-        .unwrap_or_else(|_| panic!("the server did not refuse a publish to {subject}"))
+        outbound(&self.js, &subjects::chat_out(&chat)).await
     }
 }
 
@@ -218,7 +155,7 @@ async fn each_role_does_its_whole_job_with_only_its_own_rights() {
         "turnpike.ops.kill".to_owned(),
         "$JS.API.STREAM.DELETE.TURNPIKE_CHAT_IN".to_owned(),
     ] {
-        let why = chat.refused(&forged).await;
+        let why = chat.watched.refused(&forged).await;
         assert!(why.contains("Permissions Violation"), "{why}");
     }
     // None of it reached a stream: the turn is as it was, no event beyond the runner's.
@@ -232,15 +169,8 @@ async fn each_role_does_its_whole_job_with_only_its_own_rights() {
         .expect("the inbound stream was not deleted");
 
     // A runner may not write turn state.
-    let runner_client = async_nats::ConnectOptions::with_user_and_password(
-        "runner".into(),
-        test_password("runner"),
-    )
-    .custom_inbox_prefix("_INBOX_runner")
-    .connect(server.url())
-    .await
-    .expect("runner user connects");
-    let runner_js = jetstream::new(runner_client);
+    let runner = connect_as("runner", vec![server.url()]).await;
+    let runner_js = jetstream::new(runner.client.clone());
     let put = tokio::time::timeout(
         Duration::from_secs(3),
         runner_js.publish(format!("$KV.turnpike_turns.{}", reply.as_str()), "x".into()),

@@ -8,15 +8,14 @@
 //! and prints the roles' last log lines when the test failed. Needs the images from
 //! `bash deploy/build-images.sh`.
 
-use async_nats::jetstream::consumer::{pull, AckPolicy, DeliverPolicy};
 use bollard::models::{
     ContainerCreateBody, EndpointSettings, HealthConfig, HealthStatusEnum, HostConfig,
     NetworkConnectRequest, NetworkCreateRequest, NetworkDisconnectRequest, NetworkingConfig,
     PortBinding,
 };
 use bollard::query_parameters::{
-    CreateContainerOptionsBuilder, KillContainerOptionsBuilder, ListContainersOptionsBuilder,
-    StartContainerOptions, StopContainerOptionsBuilder, WaitContainerOptions,
+    CreateContainerOptionsBuilder, KillContainerOptionsBuilder, StartContainerOptions,
+    StopContainerOptionsBuilder, WaitContainerOptions,
 };
 use bollard::Docker;
 use futures::StreamExt;
@@ -28,7 +27,7 @@ use std::time::{Duration, Instant};
 use turnpike_config::Config;
 use turnpike_core::wire::{OutboundItem, OutboundKind};
 use turnpike_core::{subjects, TurnId, TurnRecord, TurnState};
-use turnpike_jetstream::{decode, turns, Bus};
+use turnpike_jetstream::{turns, Bus};
 use turnpike_testkit::{test_password, ROLES};
 
 pub const NATS_IMAGE: &str = "turnpike-nats:2.15.1";
@@ -366,17 +365,8 @@ impl Cluster {
 
     /// Agent containers a runner started (all states): (container id, turn, attempt, running).
     pub async fn agents_of(&self, runner_id: &str) -> Vec<(String, String, u32, bool)> {
-        let filters: HashMap<&str, Vec<String>> =
-            HashMap::from([("label", vec![format!("turnpike.runner={runner_id}")])]);
-        self.docker
-            .list_containers(Some(
-                ListContainersOptionsBuilder::new()
-                    .all(true)
-                    .filters(&filters)
-                    .build(),
-            ))
+        crate::runner_containers(&self.docker, runner_id)
             .await
-            .expect("list agent containers")
             .into_iter()
             .map(|c| {
                 let labels = c.labels.unwrap_or_default();
@@ -713,41 +703,11 @@ pub async fn wait_all_ended(
 
 /// Every outbound item of every chat, grouped by turn.
 pub async fn outbound_by_turn(bus: &Bus) -> HashMap<String, Vec<OutboundItem>> {
-    let stream = bus
-        .js
-        .get_stream(subjects::STREAM_CHAT_OUT)
-        .await
-        .expect("chat-out stream");
-    let consumer = stream
-        .create_consumer(pull::Config {
-            filter_subject: subjects::CHAT_OUT_ALL.into(),
-            deliver_policy: DeliverPolicy::All,
-            ack_policy: AckPolicy::None,
-            inactive_threshold: Duration::from_secs(30),
-            ..Default::default()
-        })
-        .await
-        .expect("reader");
     let mut out: HashMap<String, Vec<OutboundItem>> = HashMap::new();
-    loop {
-        let mut batch = consumer
-            .fetch()
-            .max_messages(1000)
-            .expires(Duration::from_millis(700))
-            .messages()
-            .await
-            .expect("fetch");
-        let mut n = 0;
-        while let Some(Ok(m)) = batch.next().await {
-            n += 1;
-            let item: OutboundItem =
-                decode(m.headers.as_ref(), &m.payload).expect("outbound item decodes");
-            out.entry(item.turn.to_string()).or_default().push(item);
-        }
-        if n == 0 {
-            return out;
-        }
+    for item in crate::outbound(&bus.js, subjects::CHAT_OUT_ALL).await {
+        out.entry(item.turn.to_string()).or_default().push(item);
     }
+    out
 }
 
 /// What a turn must end as, by the lifecycle table.

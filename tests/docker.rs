@@ -3,9 +3,7 @@
 //! Needs the test agent image: `bash deploy/build-images.sh` (tests/run.sh does it).
 //! Every container is labelled with the test's own runner id; each test checks none is left.
 
-use bollard::query_parameters::ListContainersOptionsBuilder;
 use bollard::Docker;
-use std::collections::HashMap;
 use std::time::{Duration, Instant};
 use turnpike_config::{Backend, ByteSize, Config};
 use turnpike_core::lifecycle::TurnState;
@@ -54,18 +52,8 @@ async fn docker() -> Docker {
 
 /// Containers carrying this runner's label (all states).
 async fn containers_of(runner_id: &str) -> Vec<String> {
-    let filters: HashMap<&str, Vec<String>> =
-        HashMap::from([("label", vec![format!("turnpike.runner={runner_id}")])]);
-    docker()
+    runner_containers(&docker().await, runner_id)
         .await
-        .list_containers(Some(
-            ListContainersOptionsBuilder::new()
-                .all(true)
-                .filters(&filters)
-                .build(),
-        ))
-        .await
-        .expect("list containers")
         .into_iter()
         .filter_map(|c| c.id)
         .collect()

@@ -13,9 +13,9 @@ use turnpike_core::lifecycle::TurnState;
 use turnpike_core::wire::{ExitClass, RunnerEvent, RunnerEventKind};
 use turnpike_core::{subjects, ChatId, RunnerId, TurnId, TurnRecord, FORMAT_VERSION};
 use turnpike_jetstream::turns;
-use turnpike_testkit::{eventually, test_password};
+use turnpike_testkit::eventually;
 use turnpike_tests::cluster::*;
-use turnpike_tests::{dead_letters, init_logs, wait_state};
+use turnpike_tests::{connect_as, dead_letters, init_logs, wait_state};
 
 /// How long a case waits for its turns to end: generous (an R3 cluster and six roles share two
 /// cores here), and longer for a soak.
@@ -463,30 +463,10 @@ async fn f7_bad_input_flood() {
         .iter()
         .map(|p| format!("nats://127.0.0.1:{p}"))
         .collect();
-    let (tx, mut violations) = tokio::sync::mpsc::unbounded_channel::<String>();
-    let chat =
-        async_nats::ConnectOptions::with_user_and_password("chat".into(), test_password("chat"))
-            .event_callback(move |event| {
-                let tx = tx.clone();
-                async move {
-                    if let async_nats::Event::ServerError(e) = event {
-                        let _ = tx.send(e.to_string());
-                    }
-                }
-            })
-            .connect(urls.clone())
-            .await
-            .expect("chat user connects");
-    let chat_js = async_nats::jetstream::new(chat.clone());
-    let runner = async_nats::ConnectOptions::with_user_and_password(
-        "runner".into(),
-        test_password("runner"),
-    )
-    .custom_inbox_prefix("_INBOX_runner")
-    .connect(urls)
-    .await
-    .expect("runner user connects");
-    let runner_js = async_nats::jetstream::new(runner);
+    let mut chat = connect_as("chat", urls.clone()).await;
+    let chat_js = async_nats::jetstream::new(chat.client.clone());
+    let runner = connect_as("runner", urls).await;
+    let runner_js = async_nats::jetstream::new(runner.client.clone());
 
     let dead_before = dead_letters(&c.bus).await.len();
     let k = 10 * soak();
@@ -567,19 +547,7 @@ async fn f7_bad_input_flood() {
         "$KV.turnpike_turns.t-000000000000000000000000",
         "turnpike.work.run.t-000000000000000000000000",
     ] {
-        chat.publish(forged, "forged".into()).await.expect("send");
-        chat.flush().await.expect("flush");
-        let why = tokio::time::timeout(Duration::from_secs(10), async {
-            loop {
-                match violations.recv().await {
-                    Some(v) if v.contains(forged) => return v,
-                    Some(_) => continue,
-                    None => return String::new(),
-                }
-            }
-        })
-        .await
-        .unwrap_or_default();
+        let why = chat.refused(forged).await;
         assert!(why.contains("Permissions Violation"), "{forged}: {why:?}");
         refused += 1;
     }

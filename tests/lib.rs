@@ -253,39 +253,69 @@ pub async fn wait_state(bus: &Bus, turn: &TurnId, state: turnpike_core::TurnStat
     .await
 }
 
-/// Every dead letter so far: (subject, reason).
-pub async fn dead_letters(bus: &Bus) -> Vec<(String, String)> {
-    let stream = bus
-        .js
-        .get_stream(subjects::STREAM_DEAD)
+/// Every message stored under `filter` in `stream`, oldest first, read through a consumer of
+/// its own, page after page until none is left.
+pub async fn read_all(
+    js: &async_nats::jetstream::Context,
+    stream: &str,
+    filter: &str,
+) -> Vec<async_nats::jetstream::Message> {
+    let consumer = js
+        .get_stream(stream)
         .await
-        .expect("dead-letter stream");
-    let consumer = stream
+        .unwrap_or_else(|e| panic!("stream {stream}: {e}"))
         .create_consumer(pull::Config {
+            filter_subject: filter.to_owned(),
+            deliver_policy: DeliverPolicy::All,
             ack_policy: async_nats::jetstream::consumer::AckPolicy::None,
             inactive_threshold: Duration::from_secs(30),
             ..Default::default()
         })
         .await
         .expect("ephemeral consumer");
-    let mut batch = consumer
-        .fetch()
-        .max_messages(10_000)
-        .expires(Duration::from_millis(500))
-        .messages()
-        .await
-        .expect("fetch");
     let mut out = Vec::new();
-    while let Some(Ok(m)) = batch.next().await {
-        let reason = m
-            .headers
-            .as_ref()
-            .and_then(|h| h.get(subjects::HDR_DEAD_REASON))
-            .map(|v| v.to_string())
-            .unwrap_or_default();
-        out.push((m.subject.to_string(), reason));
+    loop {
+        let mut batch = consumer
+            .fetch()
+            .max_messages(1000)
+            .expires(Duration::from_millis(500))
+            .messages()
+            .await
+            .expect("fetch");
+        let before = out.len();
+        while let Some(Ok(m)) = batch.next().await {
+            out.push(m);
+        }
+        if out.len() == before {
+            return out;
+        }
     }
-    out
+}
+
+/// Outbound items stored under `filter` (one chat's subject, or all of them), in order.
+pub async fn outbound(js: &async_nats::jetstream::Context, filter: &str) -> Vec<OutboundItem> {
+    read_all(js, subjects::STREAM_CHAT_OUT, filter)
+        .await
+        .into_iter()
+        .map(|m| decode(m.headers.as_ref(), &m.payload).expect("outbound item decodes"))
+        .collect()
+}
+
+/// Every dead letter so far: (subject, reason).
+pub async fn dead_letters(bus: &Bus) -> Vec<(String, String)> {
+    read_all(&bus.js, subjects::STREAM_DEAD, subjects::DEAD_ALL)
+        .await
+        .into_iter()
+        .map(|m| {
+            let reason = m
+                .headers
+                .as_ref()
+                .and_then(|h| h.get(subjects::HDR_DEAD_REASON))
+                .map(|v| v.to_string())
+                .unwrap_or_default();
+            (m.subject.to_string(), reason)
+        })
+        .collect()
 }
 
 /// Wait until the turn is terminal with its effects carried out.
@@ -314,34 +344,77 @@ pub async fn visible_items(bus: &Bus, chat: &str) -> Vec<OutboundItem> {
 /// Every outbound item stored for a chat, in order.
 pub async fn chat_items(bus: &Bus, chat: &str) -> Vec<OutboundItem> {
     let chat = ChatId::new(chat).expect("valid chat");
-    let stream = bus
-        .js
-        .get_stream(subjects::STREAM_CHAT_OUT)
+    outbound(&bus.js, &subjects::chat_out(&chat)).await
+}
+
+/// A client of one of the deployment's users (`test_password`), that hears the server's
+/// refusals (permission violations) as they come. Service roles get their own reply prefix.
+pub struct Watched {
+    pub client: async_nats::Client,
+    violations: tokio::sync::mpsc::UnboundedReceiver<String>,
+}
+
+pub async fn connect_as(user: &str, urls: Vec<String>) -> Watched {
+    let (tx, violations) = tokio::sync::mpsc::unbounded_channel();
+    let mut opts = async_nats::ConnectOptions::with_user_and_password(
+        user.to_owned(),
+        turnpike_testkit::test_password(user),
+    )
+    .event_callback(move |event| {
+        let tx = tx.clone();
+        async move {
+            if let async_nats::Event::ServerError(e) = event {
+                let _ = tx.send(e.to_string());
+            }
+        }
+    });
+    if !matches!(user, "chat" | "admin") {
+        opts = opts.custom_inbox_prefix(format!("_INBOX_{user}"));
+    }
+    let client = opts
+        .connect(urls)
         .await
-        .expect("chat-out stream");
-    let consumer = stream
-        .create_consumer(pull::Config {
-            filter_subject: subjects::chat_out(&chat),
-            deliver_policy: DeliverPolicy::All,
-            ack_policy: async_nats::jetstream::consumer::AckPolicy::None,
-            inactive_threshold: Duration::from_secs(30),
-            ..Default::default()
+        .unwrap_or_else(|e| panic!("{user} connects: {e}"));
+    Watched { client, violations }
+}
+
+impl Watched {
+    /// Publish where this user may not, and return what the server said (within 10 s).
+    pub async fn refused(&mut self, subject: &str) -> String {
+        self.client
+            .publish(subject.to_owned(), "forged".into())
+            .await
+            .expect("the client sends it");
+        self.client.flush().await.expect("flush");
+        tokio::time::timeout(Duration::from_secs(10), async {
+            loop {
+                match self.violations.recv().await {
+                    Some(v) if v.contains(subject) => return v,
+                    Some(_) => continue,
+                    None => panic!("event channel closed"),
+                }
+            }
         })
         .await
-        .expect("ephemeral consumer");
-    let mut out = Vec::new();
-    let mut batch = consumer
-        .fetch()
-        .max_messages(10_000)
-        .expires(Duration::from_millis(500))
-        .messages()
-        .await
-        .expect("fetch");
-    while let Some(Ok(m)) = batch.next().await {
-        out.push(
-            decode::<OutboundItem>(m.headers.as_ref(), &m.payload).expect("outbound item decodes"),
-        );
+        .unwrap_or_else(|_| panic!("the server did not refuse a publish to {subject}"))
     }
-    out
 }
 pub mod cluster;
+
+/// Containers a runner started, in any state (by its `turnpike.runner` label).
+pub async fn runner_containers(
+    docker: &bollard::Docker,
+    runner_id: &str,
+) -> Vec<bollard::models::ContainerSummary> {
+    let filters: std::collections::HashMap<&str, Vec<String>> =
+        std::collections::HashMap::from([("label", vec![format!("turnpike.runner={runner_id}")])]);
+    docker
+        .list_containers(Some(
+            bollard::query_parameters::ListContainersOptionsBuilder::new()
+                .all(true)
+                .filters(&filters)
+                .build(),
+        ))
+        .await
+        .expect("list containers")
+}

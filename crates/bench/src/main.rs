@@ -43,6 +43,11 @@ enum What {
         #[arg(long, default_value_t = 200)]
         turns: usize,
     },
+    /// Only measurement 1 (pipeline vs raw JetStream), printed; for profiling and quick checks.
+    Pipeline {
+        #[arg(long, default_value_t = 200)]
+        turns: usize,
+    },
     /// The test agent (used by the process backend).
     #[command(hide = true)]
     Agent,
@@ -67,6 +72,15 @@ fn main() -> Result<()> {
                     .await?;
                 Ok(())
             })
+        }
+        What::Pipeline { turns } => {
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()?;
+            let mut out = String::new();
+            rt.block_on(pipeline_overhead(&mut out, turns))?;
+            print!("{out}");
+            Ok(())
         }
         What::All { write, turns } => {
             let rt = tokio::runtime::Builder::new_multi_thread()

@@ -141,7 +141,7 @@ impl Stack {
         let mut config = Config {
             nats_url: server.url(),
             runner_backend: Backend::Process,
-            agent_command: Some(format!("{} agent", me.display())),
+            agent_command: Some(agent_command(&me)),
             lease: Duration::from_secs(10),
             heartbeat: Duration::from_secs(2),
             log: "error".into(),
@@ -189,6 +189,17 @@ impl Stack {
         for t in self.tasks {
             let _ = t.await;
         }
+    }
+}
+
+/// The agent the process backend runs: the small `bench-agent` built beside this binary, else
+/// this binary's own `agent` subcommand.
+fn agent_command(me: &std::path::Path) -> String {
+    let small = me.with_file_name("bench-agent");
+    if small.exists() {
+        small.display().to_string()
+    } else {
+        format!("{} agent", me.display())
     }
 }
 

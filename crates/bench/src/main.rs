@@ -107,7 +107,7 @@ fn main() -> Result<()> {
     }
 }
 
-const HEADER: &str = "# Benchmarks\n\nProduced by `cargo run --release -p turnpike-bench -- all --write BENCHMARKS.md`; \
+const HEADER: &str = "# Benchmarks\n\nProduced by `cargo build --release -p turnpike-bench && target/release/turnpike-bench all --write BENCHMARKS.md`; \
 each section is one run, newest last. Every figure stands next to a baseline measured in the same run.\n";
 
 /// Round trips to NATS on one turn's happy path (reply on attempt 1), counted from the code:
@@ -328,9 +328,13 @@ async fn baseline(stack: &Stack, n: usize, concurrency: usize) -> Result<f64> {
 }
 
 async fn pipeline_overhead(out: &mut String, n: usize) -> Result<()> {
+    let agent = std::env::current_exe()
+        .map(|me| agent_command(&me))
+        .unwrap_or_default();
+    let agent = agent.rsplit('/').next().unwrap_or_default().to_owned();
     writeln!(
         out,
-        "\n### 1. Pipeline vs raw JetStream ({n} turns, agent replies at once, process backend)\n"
+        "\n### 1. Pipeline vs raw JetStream ({n} turns, agent replies at once, process backend: `{agent}`)\n"
     )?;
     writeln!(
         out,
@@ -537,7 +541,7 @@ async fn all(turns: usize, plot_dir: &std::path::Path) -> Result<String> {
         .unwrap_or_else(|| "?".into());
     writeln!(
         out,
-        "\n## {} — {cores} cores, {mem}, nats-server from $TURNPIKE_NATS_SERVER or PATH\n\n`cargo run --release -p turnpike-bench -- all --turns {turns} --write BENCHMARKS.md`",
+        "\n## {} — {cores} cores, {mem}, nats-server from $TURNPIKE_NATS_SERVER or PATH\n\n`cargo build --release -p turnpike-bench && target/release/turnpike-bench all --turns {turns} --write BENCHMARKS.md`",
         turnpike_jetstream::now()
     )?;
     pipeline_overhead(&mut out, turns).await?;

@@ -130,10 +130,12 @@ impl Cluster {
             manage_topology: false,
             ..Config::default()
         };
-        let partial = Partial {
+        // Until the Cluster exists, this removes what was made if start-up fails.
+        let mut partial = Partial {
             docker: docker.clone(),
             id: id.clone(),
             network: network.clone(),
+            armed: true,
         };
         for k in 1..=3 {
             partial.create_nats(k, ports[k - 1]).await;
@@ -162,10 +164,7 @@ impl Cluster {
             Some(Err(bollard::errors::Error::DockerContainerWaitError { code, .. })) => code,
             other => panic!("waiting for setup: {other:?}"),
         };
-        if code != 0 {
-            partial.dump_logs();
-            panic!("turnpike setup exited {code}");
-        }
+        assert_eq!(code, 0, "turnpike setup exited {code}");
         let bus = tokio::time::timeout(
             Duration::from_secs(60),
             Bus::connect_patiently(&admin, "fault-suite"),
@@ -173,7 +172,8 @@ impl Cluster {
         .await
         .expect("the admin connects from the host in time")
         .expect("the admin's settings are valid");
-        std::mem::forget(partial); // the Cluster's Drop cleans up from here on
+        partial.armed = false; // the Cluster's Drop cleans up from here on
+        drop(partial);
         let cluster = Cluster {
             docker,
             id,
@@ -240,7 +240,6 @@ impl Cluster {
         p.create_role_in(name, user, cmd, &self.opts, env, self.secrets.path())
             .await;
         p.start(name).await;
-        std::mem::forget(p);
     }
 
     /// Start one more runner (capacity grows with nothing else changed); returns its name.
@@ -279,6 +278,7 @@ impl Cluster {
             docker: self.docker.clone(),
             id: self.id.clone(),
             network: self.network.clone(),
+            armed: false,
         }
     }
 
@@ -403,6 +403,19 @@ struct Partial {
     docker: Docker,
     id: String,
     network: String,
+    /// Remove everything of this cluster when dropped: set while start-up has no Cluster yet.
+    armed: bool,
+}
+
+impl Drop for Partial {
+    fn drop(&mut self) {
+        if self.armed {
+            if std::thread::panicking() {
+                self.dump_logs();
+            }
+            self.remove_all(&[]);
+        }
+    }
 }
 
 impl Partial {

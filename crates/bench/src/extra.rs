@@ -284,13 +284,32 @@ pub async fn coordinator_kill(out: &mut String) -> Result<()> {
 }
 
 fn cpu_time() -> Duration {
-    // utime + stime of this process, in clock ticks (100 Hz on Linux).
-    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
-    let after = stat.rsplit(')').next().unwrap_or("");
-    let f: Vec<&str> = after.split_whitespace().collect();
-    let ticks: u64 = f.get(11).and_then(|u| u.parse().ok()).unwrap_or(0)
-        + f.get(12).and_then(|s| s.parse().ok()).unwrap_or(0);
-    Duration::from_millis(ticks * 10)
+    Cpu::of("self").own
+}
+
+/// CPU time of a process from `/proc/<pid>/stat`: its own, and that of its reaped children.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Cpu {
+    pub own: Duration,
+    pub children: Duration,
+}
+
+impl Cpu {
+    pub fn of(pid: &str) -> Cpu {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        // Fields after the command name; utime, stime, cutime, cstime are 14-17 of stat(5), in
+        // clock ticks (100 Hz on Linux).
+        let after = stat.rsplit(')').next().unwrap_or("");
+        let f: Vec<u64> = after
+            .split_whitespace()
+            .map(|x| x.parse().unwrap_or(0))
+            .collect();
+        let at = |i: usize| Duration::from_millis(f.get(i).copied().unwrap_or(0) * 10);
+        Cpu {
+            own: at(11) + at(12),
+            children: at(13) + at(14),
+        }
+    }
 }
 
 fn rss_mib() -> f64 {

@@ -2,15 +2,19 @@
 //! run (shared machines are noisy, so ratios are what compare across runs).
 //!
 //! ```sh
-//! cargo run --release -p turnpike-bench -- all --write BENCHMARKS.md
+//! cargo build --release -p turnpike-bench && target/release/turnpike-bench all --write BENCHMARKS.md
 //! ```
 //!
 //! Every measurement starts its own nats-server (loopback, temporary store) and runs the roles in
-//! this process with the process backend; the agent is this binary (`turnpike-bench agent`).
+//! this process with the process backend; the agent is `bench-agent`, built beside this binary.
+//! Measurement 1's baseline replays the operations a turn was counted to cost on the wire
+//! (`census`), not a hand count.
 
+mod census;
 mod extra;
 
 use anyhow::{Context, Result};
+use census::Op;
 use clap::{Parser, Subcommand};
 use futures::StreamExt;
 use std::fmt::Write as _;
@@ -48,6 +52,13 @@ enum What {
         #[arg(long, default_value_t = 200)]
         turns: usize,
     },
+    /// Count the JetStream operations `turns` turns cost, by kind, on the wire.
+    Census {
+        #[arg(long, default_value_t = 200)]
+        turns: usize,
+        #[arg(long, default_value_t = 1)]
+        runners: usize,
+    },
     /// The test agent (used by the process backend).
     #[command(hide = true)]
     Agent,
@@ -82,6 +93,21 @@ fn main() -> Result<()> {
             print!("{out}");
             Ok(())
         }
+        What::Census { turns, runners } => {
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()?;
+            rt.block_on(async {
+                let stack = Stack::start(runners, |c| c.runner_slots = 4).await?;
+                let mix = census::count(&stack, turns, "census").await?;
+                stack.stop().await;
+                for (op, n) in &mix.0 {
+                    println!("{n:>7.2}  {op}");
+                }
+                println!("{:>7.2}  round trips per turn", mix.round_trips());
+                Ok::<_, anyhow::Error>(())
+            })
+        }
         What::All { write, turns } => {
             let rt = tokio::runtime::Builder::new_multi_thread()
                 .enable_all()
@@ -110,12 +136,16 @@ fn main() -> Result<()> {
 const HEADER: &str = "# Benchmarks\n\nProduced by `cargo build --release -p turnpike-bench && target/release/turnpike-bench all --write BENCHMARKS.md`; \
 each section is one run, newest last. Every figure stands next to a baseline measured in the same run.\n";
 
-/// Round trips to NATS on one turn's happy path (reply on attempt 1), counted from the code:
-/// dispatcher 9 (inbound ack, live put, turn create, chat read + write, admit read + write, work
-/// publish, outbox clear), runner 9 (fetch, claim, lease, fence, started, work ack, bot message,
-/// landed, exited), coordinator 17 (3 events × read + write + ack; on the exit: final status,
-/// chat read, replies scan (create + fetch), chat read + write, live purge, outbox clear).
-const OPS_PER_TURN: usize = 35;
+/// Alternating pipeline/baseline rounds per runner count.
+const ROUNDS: usize = 3;
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(0.0)
+}
+
+/// Turns the census counts operations over.
+const CENSUS_TURNS: usize = 100;
 
 pub(crate) struct Stack {
     _server: NatsServer,
@@ -182,6 +212,13 @@ impl Stack {
             token,
             tasks,
         })
+    }
+
+    /// The nats-server's pid as a `/proc` path component.
+    pub(crate) fn server_pid(&self) -> String {
+        self._server
+            .pid()
+            .map_or_else(|| "0".into(), |p| p.to_string())
     }
 
     pub(crate) async fn stop(self) {
@@ -288,35 +325,19 @@ pub(crate) async fn burst(
     Ok((elapsed, latencies))
 }
 
-/// The same count of JetStream round trips per turn, with no Turnpike logic: publishes with ack
-/// and KV writes, `concurrency` "turns" at a time.
-async fn baseline(stack: &Stack, n: usize, concurrency: usize) -> Result<f64> {
-    let kv = stack.bus.claims.clone();
-    let js = stack.bus.js.clone();
+/// The JetStream operations one turn costs (as the census counted them), replayed with no
+/// Turnpike logic, `concurrency` "turns" at a time, on streams configured like the pipeline's
+/// own. Returns baseline turns per second.
+async fn baseline(stack: &Stack, mix: &[(Op, usize)], n: usize, concurrency: usize) -> Result<f64> {
+    let base = census::Baseline::create(stack, concurrency).await?;
     let start = Instant::now();
     let mut handles = Vec::new();
     let per_worker = n.div_ceil(concurrency);
     for w in 0..concurrency {
-        let (kv, js) = (kv.clone(), js.clone());
+        let (base, mix) = (base.clone(), mix.to_vec());
         handles.push(tokio::spawn(async move {
             for t in 0..per_worker {
-                for op in 0..OPS_PER_TURN {
-                    if op % 2 == 0 {
-                        let ack = js
-                            .publish(
-                                format!("turnpike.events.base-{w}-{t}"),
-                                bytes::Bytes::from_static(b"{\"v\":1}"),
-                            )
-                            .await?;
-                        ack.await?;
-                    } else {
-                        kv.put(
-                            format!("base.{w}.{t}.{op}"),
-                            bytes::Bytes::from_static(b"{\"v\":1}"),
-                        )
-                        .await?;
-                    }
-                }
+                base.turn(w, t, &mix).await?;
             }
             Ok::<_, anyhow::Error>(())
         }));
@@ -324,7 +345,7 @@ async fn baseline(stack: &Stack, n: usize, concurrency: usize) -> Result<f64> {
     for h in handles {
         h.await??;
     }
-    Ok((per_worker * concurrency * OPS_PER_TURN) as f64 / start.elapsed().as_secs_f64())
+    Ok((per_worker * concurrency) as f64 / start.elapsed().as_secs_f64())
 }
 
 async fn pipeline_overhead(out: &mut String, n: usize) -> Result<()> {
@@ -336,28 +357,83 @@ async fn pipeline_overhead(out: &mut String, n: usize) -> Result<()> {
         out,
         "\n### 1. Pipeline vs raw JetStream ({n} turns, agent replies at once, process backend: `{agent}`)\n"
     )?;
+    // What one turn costs on the wire, counted on a stack of its own so the timed runs below
+    // carry no `>` subscription.
+    let stack = Stack::start(1, |c| c.runner_slots = 4).await?;
+    let mix = census::count(&stack, CENSUS_TURNS, "census").await?;
+    stack.stop().await;
+    let whole = mix.whole();
+    let ops_per_turn = census::round_trips(&whole);
     writeln!(
         out,
-        "| runners × slots | turns/s | p50 | p99 | baseline ops/s | ratio |"
+        "What one turn costs on the wire ({CENSUS_TURNS} turns, every request the server saw, \
+         counted by a `>` subscription); the baseline replays the rounded counts:\n"
     )?;
-    writeln!(out, "|---|---|---|---|---|---|")?;
+    writeln!(out, "| operation | per turn | baseline replays |")?;
+    writeln!(out, "|---|---|---|")?;
+    for (op, per_turn) in &mix.0 {
+        let replay = whole.iter().find(|(o, _)| o == op).map_or(0, |(_, k)| *k);
+        writeln!(out, "| {op} | {per_turn:.2} | {replay} |")?;
+    }
+    writeln!(
+        out,
+        "| **round trips** (acks are fire-and-forget) | {:.2} | {ops_per_turn} |\n",
+        mix.round_trips()
+    )?;
+    writeln!(
+        out,
+        "| runners × slots | turns/s | p50 | p99 | baseline turns/s (ops/s) | ratio | \
+         CPU ms per turn: server / roles / agents | baseline: server / client |"
+    )?;
+    writeln!(out, "|---|---|---|---|---|---|---|---|")?;
     for runners in [1usize, 2, 4] {
         let stack = Stack::start(runners, |c| c.runner_slots = 4).await?;
-        let (elapsed, lat) = burst(&stack, n, "reply:ok", &format!("p{runners}")).await?;
-        let tps = n as f64 / elapsed.as_secs_f64();
-        let base = baseline(&stack, n, runners * 4).await?;
-        let ratio = tps / (base / OPS_PER_TURN as f64);
+        let server = stack.server_pid();
+        let mut pipe = Vec::new();
+        let mut base = Vec::new();
+        let mut lat = Vec::new();
+        let (mut pipe_cpu, mut base_cpu) = ([Duration::ZERO; 3], [Duration::ZERO; 2]);
+        // Alternate the two so that a noisy neighbour hits both alike; medians of ROUNDS.
+        for round in 0..ROUNDS {
+            let (s0, me0) = (extra::Cpu::of(&server), extra::Cpu::of("self"));
+            let (elapsed, l) = burst(&stack, n, "reply:ok", &format!("p{runners}r{round}")).await?;
+            let (s1, me1) = (extra::Cpu::of(&server), extra::Cpu::of("self"));
+            let b = baseline(&stack, &whole, n, runners * 4).await?;
+            let (s2, me2) = (extra::Cpu::of(&server), extra::Cpu::of("self"));
+            pipe.push(n as f64 / elapsed.as_secs_f64());
+            base.push(b);
+            lat.extend(l);
+            pipe_cpu[0] += s1.own - s0.own;
+            pipe_cpu[1] += me1.own - me0.own;
+            pipe_cpu[2] += me1.children - me0.children;
+            base_cpu[0] += s2.own - s1.own;
+            base_cpu[1] += me2.own - me1.own;
+        }
+        lat.sort();
+        let (tps, b) = (median(&mut pipe), median(&mut base));
+        let per_turn =
+            |d: Duration| format!("{:.2}", d.as_secs_f64() * 1000.0 / (n * ROUNDS) as f64);
         writeln!(
             out,
-            "| {runners} × 4 | {tps:.1} | {} | {} | {base:.0} | {ratio:.2} |",
+            "| {runners} × 4 | {tps:.1} | {} | {} | {b:.1} ({:.0}) | {:.2} | {} / {} / {} | {} / {} |",
             ms(percentile(&lat, 0.5)),
-            ms(percentile(&lat, 0.99))
+            ms(percentile(&lat, 0.99)),
+            b * ops_per_turn as f64,
+            tps / b,
+            per_turn(pipe_cpu[0]),
+            per_turn(pipe_cpu[1]),
+            per_turn(pipe_cpu[2]),
+            per_turn(base_cpu[0]),
+            per_turn(base_cpu[1]),
         )?;
         stack.stop().await;
     }
     writeln!(
         out,
-        "\nratio = turns/s ÷ (baseline ops/s ÷ {OPS_PER_TURN} ops per turn); goal ≥ 0.8."
+        "\nratio = turns/s ÷ baseline turns/s (= baseline ops/s ÷ {ops_per_turn} round trips per \
+         turn); medians of {ROUNDS} alternating rounds; the baseline runs runners × slots loops at \
+         once; goal ≥ 0.8. CPU is per turn, summed over the rounds: the server's, this process's \
+         (the roles, or the baseline's client), and the agents' (reaped child processes)."
     )?;
     Ok(())
 }

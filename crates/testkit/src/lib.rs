@@ -156,6 +156,11 @@ impl NatsServer {
         self.port
     }
 
+    /// The server's process id while it runs (for CPU accounting).
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(|c| c.id())
+    }
+
     pub fn store_dir(&self) -> &Path {
         self.store.path()
     }

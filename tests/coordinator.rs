@@ -599,6 +599,7 @@ async fn replaying_an_outbox_after_a_crash_sends_one_notice_and_one_attempt() {
             signal: None,
             error: None,
             messages_landed: 0,
+            replies: vec![],
             ended_at: turnpike_jetstream::now(),
         },
     };

@@ -66,6 +66,72 @@ async fn the_second_turns_history_holds_the_first_turns_reply() {
 }
 
 #[tokio::test]
+async fn replies_join_history_read_at_their_recorded_location_or_else_by_a_scan() {
+    use turnpike_core::subjects;
+    use turnpike_core::wire::{HistoryEntry, OutboundItem};
+    use turnpike_core::ChatId;
+    let p = Pipeline::start(AGENT, |_| {}).await;
+    let turn = send(&p.bus, "located", "l1", "reply:found me").await;
+    let record = wait_ended(&p.bus, &turn, T).await;
+    // The runner reported where its reply is stored, and that is where it is.
+    let at = record.attempts[0].replies.clone();
+    assert_eq!(at.len(), 1, "{record:?}");
+    let stored = p
+        .bus
+        .js
+        .get_stream(subjects::STREAM_CHAT_OUT)
+        .await
+        .expect("stream")
+        .get_raw_message(at[0])
+        .await
+        .expect("stored reply");
+    let item: OutboundItem =
+        turnpike_jetstream::decode(Some(&stored.headers), &stored.payload).expect("item");
+    assert_eq!(
+        (item.turn.clone(), item.text.as_str()),
+        (turn.clone(), "found me")
+    );
+    let expected = vec![
+        (Role::User, "reply:found me".to_owned()),
+        (Role::Bot, "found me".to_owned()),
+    ];
+    let chat = ChatId::new("located").expect("chat id");
+    async fn history(bus: &turnpike_jetstream::Bus, chat: &ChatId) -> Vec<(Role, String)> {
+        turnpike_jetstream::chats::update(bus, chat, |c| (false, c.history.clone()))
+            .await
+            .expect("chat record")
+            .into_iter()
+            .map(|h: HistoryEntry| (h.role, h.text))
+            .collect()
+    }
+    assert_eq!(history(&p.bus, &chat).await, expected);
+    // An older runner (no locations) and a wrong location both fall back to scanning the chat.
+    let mut unknown = record.clone();
+    unknown.attempts[0].replies.clear();
+    let mut wrong = record.clone();
+    wrong.attempts[0].replies = vec![at[0] - 1];
+    for variant in [unknown, wrong] {
+        turnpike_jetstream::chats::update(&p.bus, &chat, |c| {
+            c.history.clear();
+            c.live = Some(turn.clone());
+            (true, ())
+        })
+        .await
+        .expect("reset the chat");
+        turnpike_jetstream::chats::release(&p.bus, &variant, 10)
+            .await
+            .expect("release");
+        assert_eq!(
+            history(&p.bus, &chat).await,
+            expected,
+            "{:?}",
+            variant.attempts[0].replies
+        );
+    }
+    p.stop().await;
+}
+
+#[tokio::test]
 async fn history_is_bounded_by_history_limit() {
     let p = Pipeline::start(AGENT, |c| c.history_limit = 3).await;
     let mut last = None;

@@ -110,9 +110,10 @@ fn lifecycle_event(ev: &RunnerEvent) -> Option<Event> {
             runner: ev.runner.clone(),
             published_at: *published_at,
         },
-        RunnerEventKind::MessageLanded { seq } => Event::MessageLanded {
+        RunnerEventKind::MessageLanded { seq, stream_seq } => Event::MessageLanded {
             attempt: ev.attempt,
             seq: *seq,
+            stream_seq: *stream_seq,
         },
         RunnerEventKind::Exited { report } => Event::Exited {
             attempt: ev.attempt,

@@ -174,6 +174,7 @@ async fn check_attempt_alive(
                 humantime::format_duration(config.lease)
             )),
             messages_landed: landed,
+            replies: vec![],
             ended_at: now(),
         },
     };

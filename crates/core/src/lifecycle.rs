@@ -147,6 +147,12 @@ pub struct AttemptRecord {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub exit: Option<ExitReport>,
     pub messages_landed: u32,
+    /// Where this attempt's bot messages are stored on the outbound stream (stream sequences,
+    /// in landing order), as their runner reported them. Lets the turn's replies be read back
+    /// by sequence; when it is shorter than `messages_landed` (an older runner, a lost event),
+    /// readers scan the chat's outbound subject instead.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub replies: Vec<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub preamble: Option<String>,
 }
@@ -161,6 +167,7 @@ impl AttemptRecord {
             runner: None,
             exit: None,
             messages_landed: 0,
+            replies: Vec::new(),
             preamble: None,
         }
     }
@@ -233,8 +240,14 @@ pub enum Event {
         runner: RunnerId,
         published_at: Timestamp,
     },
-    /// A bot message of this attempt landed on the chat's outbound subject (`seq` from 1).
-    MessageLanded { attempt: u32, seq: u32 },
+    /// A bot message of this attempt landed on the chat's outbound subject (`seq` from 1), stored
+    /// at `stream_seq` of the outbound stream when the runner reported it.
+    MessageLanded {
+        attempt: u32,
+        seq: u32,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        stream_seq: Option<u64>,
+    },
     /// The attempt ended (reported by its runner, or by the sweep as runner lost).
     Exited { attempt: u32, report: ExitReport },
     /// An operator asked to kill the turn.
@@ -444,7 +457,11 @@ pub fn apply(record: &TurnRecord, event: &Event, now: Timestamp) -> Result<Step,
             r.next_attempt_due = None;
             Vec::new()
         }
-        Event::MessageLanded { attempt, seq } => {
+        Event::MessageLanded {
+            attempt,
+            seq,
+            stream_seq,
+        } => {
             if *seq == 0 {
                 return Err(TransitionError::SeqZero);
             }
@@ -456,6 +473,7 @@ pub fn apply(record: &TurnRecord, event: &Event, now: Timestamp) -> Result<Step,
                 return Ok(Step::Unchanged(Unchanged::Duplicate));
             }
             a.messages_landed = *seq;
+            a.replies.extend(*stream_seq);
             r.state = TurnState::Running;
             r.next_attempt_due = None;
             Vec::new()
@@ -467,6 +485,13 @@ pub fn apply(record: &TurnRecord, event: &Event, now: Timestamp) -> Result<Step,
             let a = r.current_attempt_mut();
             // What landed is the larger of what we saw land and what the runner says landed.
             a.messages_landed = a.messages_landed.max(report.messages_landed);
+            // Events are handled concurrently, so this report may come before the attempt's
+            // MessageLanded events; it is the runner's whole account of where they are stored.
+            if report.replies.len() > a.replies.len()
+                && report.replies.len() <= a.messages_landed as usize
+            {
+                a.replies.clone_from(&report.replies);
+            }
             a.exit = Some(report.clone());
             let death_at = report.ended_at.min(now);
             decide(&mut r, report.class, death_at, now)

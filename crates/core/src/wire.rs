@@ -217,6 +217,10 @@ pub struct ExitReport {
     pub error: Option<String>,
     /// Bot messages JetStream acknowledged on the chat's outbound subject for this attempt.
     pub messages_landed: u32,
+    /// Where those messages are stored on the outbound stream (from each PubAck), in order; the
+    /// runner's whole account, since its MessageLanded events may be handled after this report.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub replies: Vec<u64>,
     pub ended_at: Timestamp,
 }
 
@@ -239,8 +243,14 @@ pub enum RunnerEventKind {
     /// The attempt was claimed and its container started. `published_at` is when the work item was
     /// stored in the work stream (for a retry: when its schedule fired).
     Started { published_at: Timestamp },
-    /// A bot message landed (JetStream acked it on the outbound subject). `seq` counts from 1.
-    MessageLanded { seq: u32 },
+    /// A bot message landed (JetStream acked it on the outbound subject). `seq` counts from 1;
+    /// `stream_seq` is where the outbound stream stored it (from the PubAck; absent from older
+    /// runners).
+    MessageLanded {
+        seq: u32,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        stream_seq: Option<u64>,
+    },
     /// Live progress from the agent.
     Progress { text: String },
     /// The attempt ended.
@@ -448,7 +458,14 @@ mod tests {
         let at = Timestamp(1_800_000_000_000);
         for kind in [
             RunnerEventKind::Started { published_at: at },
-            RunnerEventKind::MessageLanded { seq: 1 },
+            RunnerEventKind::MessageLanded {
+                seq: 1,
+                stream_seq: Some(42),
+            },
+            RunnerEventKind::MessageLanded {
+                seq: 2,
+                stream_seq: None,
+            },
             RunnerEventKind::Progress {
                 text: "thinking".into(),
             },
@@ -464,6 +481,7 @@ mod tests {
                         signal: Some(9),
                         error: Some("why".into()),
                         messages_landed: 1,
+                        replies: vec![],
                         ended_at: at,
                     },
                 }),

@@ -160,8 +160,13 @@ pub async fn release(
 }
 
 /// The bot messages a turn landed, read back from the chat's outbound stream (they are the
-/// truth; the runner's claims are not), from the turn's first attempt on.
+/// truth; the runner's claims are not), from the turn's first attempt on. When the record knows
+/// where every one is stored, each is read by sequence and checked; otherwise (an older runner,
+/// a lost event, a location that does not hold this turn's message) the chat's subject is scanned.
 async fn bot_messages(bus: &Bus, record: &TurnRecord) -> Result<Vec<String>, BusError> {
+    if let Some(texts) = by_sequence(bus, record).await {
+        return Ok(texts);
+    }
     let since = record
         .attempts
         .iter()
@@ -170,6 +175,39 @@ async fn bot_messages(bus: &Bus, record: &TurnRecord) -> Result<Vec<String>, Bus
         .unwrap_or(record.created_at);
     let items = landed_messages(bus, &record.chat, &record.turn, since.to_system_time()).await?;
     Ok(items.into_iter().map(|i| i.text).collect())
+}
+
+/// Read a turn's replies at the locations its record holds; `None` if any is unknown, unreadable
+/// or not this turn's bot message.
+async fn by_sequence(bus: &Bus, record: &TurnRecord) -> Option<Vec<String>> {
+    let complete = record
+        .attempts
+        .iter()
+        .all(|a| a.replies.len() == a.messages_landed as usize);
+    if !complete {
+        return None;
+    }
+    // No round trip for the handle; each get is answered by the stream leader, so a message
+    // whose PubAck the runner saw is there to read.
+    let stream = bus
+        .js
+        .get_stream_no_info(subjects::STREAM_CHAT_OUT)
+        .await
+        .ok()?;
+    let subject = subjects::chat_out(&record.chat);
+    let mut texts = Vec::new();
+    for seq in record.attempts.iter().flat_map(|a| a.replies.iter()) {
+        let m = stream.get_raw_message(*seq).await.ok()?;
+        if m.subject.as_str() != subject {
+            return None;
+        }
+        let item = crate::decode::<OutboundItem>(Some(&m.headers), &m.payload).ok()?;
+        if item.turn != record.turn || item.kind != OutboundKind::Message {
+            return None;
+        }
+        texts.push(item.text);
+    }
+    Some(texts)
 }
 
 /// Every bot message of `turn` stored on its chat's outbound subject since `since` (minus a second

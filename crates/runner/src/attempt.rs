@@ -161,6 +161,7 @@ async fn run(inner: Arc<Inner>, msg: async_nats::jetstream::Message, work: WorkI
                     signal: None,
                     error: Some(e),
                     messages_landed: 0,
+                    replies: vec![],
                     ended_at: now(),
                 },
             )
@@ -254,6 +255,7 @@ async fn run(inner: Arc<Inner>, msg: async_nats::jetstream::Message, work: WorkI
         fence_subject,
         fence_seq,
         landed: 0,
+        replies: Vec::new(),
         status_seq: 0,
         verdict: None,
         verdict_error: None,
@@ -312,6 +314,7 @@ async fn run(inner: Arc<Inner>, msg: async_nats::jetstream::Message, work: WorkI
             signal: raw.signal,
             error,
             messages_landed: lander.landed,
+            replies: lander.replies.clone(),
             ended_at: now(),
         },
     )
@@ -325,6 +328,7 @@ fn engine_failure(error: String) -> ExitReport {
         signal: None,
         error: Some(error),
         messages_landed: 0,
+        replies: vec![],
         ended_at: now(),
     }
 }
@@ -335,6 +339,8 @@ struct Lander<'a> {
     fence_subject: String,
     fence_seq: u64,
     landed: u32,
+    /// Outbound stream sequences of the landed messages, in order.
+    replies: Vec<u64>,
     status_seq: u32,
     verdict: Option<AgentStatus>,
     verdict_error: Option<String>,
@@ -411,13 +417,18 @@ impl Lander<'_> {
                 Err(e) => Err(e),
             };
             match result {
-                Ok(_) => {
+                Ok(ack) => {
                     self.landed = seq;
+                    self.replies.push(ack.sequence);
                     emit(
                         self.inner,
                         self.work,
                         &format!("landed.{seq}"),
-                        RunnerEventKind::MessageLanded { seq },
+                        RunnerEventKind::MessageLanded {
+                            seq,
+                            // Where it is stored, so the coordinator reads it back by sequence.
+                            stream_seq: Some(ack.sequence),
+                        },
                     )
                     .await;
                     return;
@@ -570,6 +581,7 @@ pub(crate) async fn report_orphan(
                 signal: None,
                 error: Some("the runner restarted while the attempt ran".into()),
                 messages_landed: 0,
+                replies: vec![],
                 ended_at: now(),
             },
         },

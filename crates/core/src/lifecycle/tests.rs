@@ -64,6 +64,7 @@ fn report(class: ExitClass, landed: u32, ended: Timestamp) -> ExitReport {
         signal: None,
         error: None,
         messages_landed: landed,
+        replies: vec![],
         ended_at: ended,
     }
 }
@@ -94,7 +95,15 @@ fn run_attempt(
         ended,
     );
     for seq in 1..=landed {
-        let (next, effects) = step(&r, Event::MessageLanded { attempt: k, seq }, ended);
+        let (next, effects) = step(
+            &r,
+            Event::MessageLanded {
+                attempt: k,
+                seq,
+                stream_seq: Some(u64::from(k) * 1000 + u64::from(seq)),
+            },
+            ended,
+        );
         assert!(effects.is_empty());
         r = next;
     }
@@ -377,7 +386,16 @@ fn row_operator_kill_is_killed_never_retried_no_notice() {
             );
             assert_eq!(effects, vec![Effect::ForwardKill { attempt: 1 }]);
             let r = if landed > 0 {
-                step(&r, Event::MessageLanded { attempt: 1, seq: 1 }, at(1)).0
+                step(
+                    &r,
+                    Event::MessageLanded {
+                        attempt: 1,
+                        seq: 1,
+                        stream_seq: None,
+                    },
+                    at(1),
+                )
+                .0
             } else {
                 r
             };
@@ -583,7 +601,15 @@ fn duplicate_late_superseded_and_future_events() {
         }))
     );
     assert_eq!(
-        apply(&r, &Event::MessageLanded { attempt: 1, seq: 1 }, at(3)),
+        apply(
+            &r,
+            &Event::MessageLanded {
+                attempt: 1,
+                seq: 1,
+                stream_seq: None
+            },
+            at(3)
+        ),
         Ok(Step::Unchanged(Unchanged::Superseded {
             attempt: 1,
             current: 2
@@ -604,11 +630,27 @@ fn duplicate_late_superseded_and_future_events() {
         })
     );
     assert_eq!(
-        apply(&r, &Event::MessageLanded { attempt: 0, seq: 1 }, at(3)),
+        apply(
+            &r,
+            &Event::MessageLanded {
+                attempt: 0,
+                seq: 1,
+                stream_seq: None
+            },
+            at(3)
+        ),
         Err(TransitionError::AttemptZero)
     );
     assert_eq!(
-        apply(&r, &Event::MessageLanded { attempt: 2, seq: 0 }, at(3)),
+        apply(
+            &r,
+            &Event::MessageLanded {
+                attempt: 2,
+                seq: 0,
+                stream_seq: None
+            },
+            at(3)
+        ),
         Err(TransitionError::SeqZero)
     );
 }
@@ -642,11 +684,15 @@ fn arb_event() -> impl Strategy<Value = Event> {
             runner: runner(r),
             published_at: at(t),
         }),
-        3 => (attempt.clone(), 0u32..3).prop_map(|(a, s)| Event::MessageLanded { attempt: a, seq: s }),
-        5 => (attempt, arb_class(), 0u32..2, 0u64..1000).prop_map(|(a, c, l, t)| Event::Exited {
-            attempt: a,
-            report: report(c, l, at(t)),
+        3 => (attempt.clone(), 0u32..3, proptest::option::of(0u64..1000)).prop_map(|(a, s, q)| {
+            Event::MessageLanded { attempt: a, seq: s, stream_seq: q }
         }),
+        // Reported locations may be fewer or (malformed) more than the landed count.
+        5 => (attempt, arb_class(), 0u32..2, 0u64..1000, proptest::collection::vec(0u64..99, 0..3))
+            .prop_map(|(a, c, l, t, replies)| Event::Exited {
+                attempt: a,
+                report: ExitReport { replies, ..report(c, l, at(t)) },
+            }),
         1 => (0u64..1000).prop_map(|t| Event::KillRequested {
             action: OperatorAction { by: "op".into(), at: at(t) },
         }),
@@ -714,6 +760,10 @@ fn check_trajectory(n: u32, events: &[Event]) -> Result<TurnRecord, TestCaseErro
             }
         }
         prop_assert!(r.attempt <= limit, "attempt {} > limit {limit}", r.attempt);
+        for a in &r.attempts {
+            // Every recorded reply location belongs to a landed message, each recorded once.
+            prop_assert!(a.replies.len() as u32 <= a.messages_landed, "{a:?}");
+        }
         prop_assert!(r.attempts.len() as u32 <= limit);
         prop_assert!(notices_sent <= 1, "more than one notice");
     }
@@ -754,7 +804,7 @@ proptest! {
             let attempt_events = vec![
                 Event::Started { attempt: k, runner: runner(k), published_at: at(0) },
             ].into_iter()
-                .chain((1..=landed).map(|seq| Event::MessageLanded { attempt: k, seq }))
+                .chain((1..=landed).map(|seq| Event::MessageLanded { attempt: k, seq, stream_seq: Some(u64::from(seq)) }))
                 .chain(std::iter::once(Event::Exited { attempt: k, report: report(class, landed, at(u64::from(k))) }));
             for ev in attempt_events {
                 log.push(ev.clone());
@@ -793,4 +843,63 @@ proptest! {
         }
         check_trajectory(n, &log)?;
     }
+}
+
+#[test]
+fn landed_messages_record_where_they_are_stored_once_each() {
+    let r = new_turn(3);
+    let (r, _) = step(
+        &r,
+        Event::Started {
+            attempt: 1,
+            runner: runner(1),
+            published_at: T0,
+        },
+        at(1),
+    );
+    let landed = |seq, stream_seq| Event::MessageLanded {
+        attempt: 1,
+        seq,
+        stream_seq,
+    };
+    let (r, _) = step(&r, landed(1, Some(17)), at(2));
+    // Redelivered: not recorded twice.
+    assert_eq!(
+        apply(&r, &landed(1, Some(17)), at(3)),
+        Ok(Step::Unchanged(Unchanged::Duplicate))
+    );
+    // From an older runner: counted, with no location.
+    let (r, _) = step(&r, landed(2, None), at(3));
+    let a = &r.attempts[0];
+    assert_eq!((a.messages_landed, a.replies.clone()), (2, vec![17]));
+}
+
+#[test]
+fn an_exit_report_handled_before_the_landed_events_still_says_where_replies_are() {
+    let started = |r: &TurnRecord| {
+        step(
+            r,
+            Event::Started {
+                attempt: 1,
+                runner: runner(1),
+                published_at: T0,
+            },
+            at(1),
+        )
+        .0
+    };
+    let exit = |landed, replies: Vec<u64>| Event::Exited {
+        attempt: 1,
+        report: ExitReport {
+            replies,
+            ..report(ExitClass::Clean, landed, at(2))
+        },
+    };
+    let r = started(&new_turn(3));
+    let (done, _) = step(&r, exit(2, vec![40, 41]), at(2));
+    assert_eq!(done.attempts[0].replies, vec![40, 41]);
+    assert_eq!(done.state, TurnState::Done);
+    // A report claiming more locations than landed messages is not believed.
+    let (odd, _) = step(&r, exit(1, vec![40, 41]), at(2));
+    assert!(odd.attempts[0].replies.is_empty());
 }

@@ -59,6 +59,13 @@ enum What {
         #[arg(long, default_value_t = 1)]
         runners: usize,
     },
+    /// Only the pipeline side of measurement 1 (no census, no baseline): for profiling the roles.
+    Burst {
+        #[arg(long, default_value_t = 1000)]
+        turns: usize,
+        #[arg(long, default_value_t = 4)]
+        runners: usize,
+    },
     /// The test agent (used by the process backend).
     #[command(hide = true)]
     Agent,
@@ -92,6 +99,24 @@ fn main() -> Result<()> {
             rt.block_on(pipeline_overhead(&mut out, turns))?;
             print!("{out}");
             Ok(())
+        }
+        What::Burst { turns, runners } => {
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()?;
+            rt.block_on(async {
+                let stack = Stack::start(runners, |c| c.runner_slots = 4).await?;
+                let (elapsed, lat) = burst(&stack, turns, "reply:ok", "burst").await?;
+                stack.stop().await;
+                println!(
+                    "{turns} turns in {:.2} s: {:.1} turns/s, p50 {}, p99 {}",
+                    elapsed.as_secs_f64(),
+                    turns as f64 / elapsed.as_secs_f64(),
+                    ms(percentile(&lat, 0.5)),
+                    ms(percentile(&lat, 0.99))
+                );
+                Ok::<_, anyhow::Error>(())
+            })
         }
         What::Census { turns, runners } => {
             let rt = tokio::runtime::Builder::new_multi_thread()

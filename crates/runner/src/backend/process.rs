@@ -91,7 +91,11 @@ impl ProcessBackend {
         let Some(pid) = child.id().and_then(|id| Pid::from_raw(id as i32)) else {
             return engine_error("the agent exited before its limits could be set".into());
         };
-        // The agent gets its input only after the limit is in place, so it cannot outrun it.
+        // The agent gets its input only after the limit is in place, so its work is bounded. What
+        // its runtime maps before this line is not: an allocator that reserves more address space
+        // than the limit at start-up (mimalloc's arena did, in the benchmarks) fails later maps at
+        // random. Setting the limit before exec needs `pre_exec` (unsafe); use Docker for real
+        // isolation.
         let limit = Rlimit {
             current: Some(spec.memory_limit),
             maximum: Some(spec.memory_limit),

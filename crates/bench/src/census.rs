@@ -112,7 +112,13 @@ fn shape(subject: &str) -> String {
     } else {
         2
     };
-    subject.split('.').take(keep).collect::<Vec<_>>().join(".")
+    // Turn ids would give every turn a line of its own.
+    subject
+        .split('.')
+        .take(keep)
+        .map(|t| if t.starts_with("t-") { "<turn>" } else { t })
+        .collect::<Vec<_>>()
+        .join(".")
 }
 
 /// Operations per turn, by kind.
@@ -367,6 +373,22 @@ impl Baseline {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn subject_shapes_group_per_turn_subjects_together() {
+        assert_eq!(
+            shape("turnpike.events.t-00df5c8edc1800cedbd7d526"),
+            "turnpike.events.<turn>"
+        );
+        assert_eq!(
+            shape("$KV.turnpike_turns.t-00df5c8edc1800cedbd7d526"),
+            "$KV.turnpike_turns"
+        );
+        assert_eq!(
+            shape("$JS.API.STREAM.MSG.GET.KV_turnpike_turns"),
+            "$JS.API.STREAM.MSG.GET"
+        );
+    }
 
     #[test]
     fn subjects_are_classified_by_what_the_server_does() {

@@ -2,11 +2,13 @@
 //! run (shared machines are noisy, so ratios are what compare across runs).
 //!
 //! ```sh
+//! bash deploy/build-images.sh   # Docker images for measurement 2, static agent for measurement 1
 //! cargo build --release -p turnpike-bench && target/release/turnpike-bench all --write BENCHMARKS.md
 //! ```
 //!
 //! Every measurement starts its own nats-server (loopback, temporary store) and runs the roles in
-//! this process with the process backend; the agent is `bench-agent`, built beside this binary.
+//! this process with the process backend; the agent is the static test agent if
+//! `deploy/build-images.sh` built it, else `bench-agent`, built beside this binary.
 //! Measurement 1's baseline replays the operations a turn was counted to cost on the wire
 //! (`census`), not a hand count.
 
@@ -656,7 +658,7 @@ async fn all(turns: usize, plot_dir: &std::path::Path) -> Result<String> {
         .unwrap_or_else(|| "?".into());
     writeln!(
         out,
-        "\n## {} — {cores} cores, {mem}, nats-server from $TURNPIKE_NATS_SERVER or PATH\n\n`cargo build --release -p turnpike-bench && target/release/turnpike-bench all --turns {turns} --write BENCHMARKS.md`",
+        "\n## {} — {cores} cores, {mem}, nats-server from $TURNPIKE_NATS_SERVER or PATH\n\n`bash deploy/build-images.sh && cargo build --release -p turnpike-bench && target/release/turnpike-bench all --turns {turns} --write BENCHMARKS.md`",
         turnpike_jetstream::now()
     )?;
     pipeline_overhead(&mut out, turns).await?;

@@ -81,9 +81,7 @@ fn main() -> Result<()> {
     match cli.what {
         What::Agent => turnpike_test_agent::run(),
         What::Coordinator => {
-            let rt = tokio::runtime::Builder::new_multi_thread()
-                .enable_all()
-                .build()?;
+            let rt = runtime()?;
             rt.block_on(async {
                 let config = Config::load(None)?;
                 let bus = Bus::connect(&config, "bench-coordinator").await?;
@@ -94,18 +92,14 @@ fn main() -> Result<()> {
             })
         }
         What::Pipeline { turns } => {
-            let rt = tokio::runtime::Builder::new_multi_thread()
-                .enable_all()
-                .build()?;
+            let rt = runtime()?;
             let mut out = String::new();
             rt.block_on(pipeline_overhead(&mut out, turns))?;
             print!("{out}");
             Ok(())
         }
         What::Burst { turns, runners } => {
-            let rt = tokio::runtime::Builder::new_multi_thread()
-                .enable_all()
-                .build()?;
+            let rt = runtime()?;
             rt.block_on(async {
                 let stack = Stack::start(runners, |c| c.runner_slots = 4).await?;
                 let (elapsed, lat) = burst(&stack, turns, "reply:ok", "burst").await?;
@@ -121,9 +115,7 @@ fn main() -> Result<()> {
             })
         }
         What::Census { turns, runners } => {
-            let rt = tokio::runtime::Builder::new_multi_thread()
-                .enable_all()
-                .build()?;
+            let rt = runtime()?;
             rt.block_on(async {
                 let stack = Stack::start(runners, |c| c.runner_slots = 4).await?;
                 let mix = census::count(&stack, turns, "census").await?;
@@ -136,9 +128,7 @@ fn main() -> Result<()> {
             })
         }
         What::All { write, turns } => {
-            let rt = tokio::runtime::Builder::new_multi_thread()
-                .enable_all()
-                .build()?;
+            let rt = runtime()?;
             let plot_dir = write
                 .as_ref()
                 .and_then(|p| p.parent().map(|d| d.to_path_buf()))
@@ -158,6 +148,13 @@ fn main() -> Result<()> {
             Ok(())
         }
     }
+}
+
+/// The runtime every subcommand but `agent` runs on (the agent is measured, so it starts none).
+fn runtime() -> Result<tokio::runtime::Runtime> {
+    Ok(tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?)
 }
 
 const HEADER: &str = "# Benchmarks\n\nProduced by `bash deploy/build-images.sh && cargo build --release -p turnpike-bench && \
@@ -199,7 +196,7 @@ impl Stack {
         let mut config = Config {
             nats_url: server.url(),
             runner_backend: Backend::Process,
-            agent_command: Some(agent_command(&me)),
+            agent_command: Some(agent_command(&me).0),
             lease: Duration::from_secs(10),
             heartbeat: Duration::from_secs(2),
             log: "error".into(),
@@ -258,18 +255,22 @@ impl Stack {
 }
 
 /// The agent the process backend runs, cheapest first: the static test agent that
-/// `deploy/build-images.sh` packs into the Docker image (no dynamic loader: ~0.3 ms less CPU per
+/// `deploy/build-images.sh` packs into the Docker image (no dynamic loader: ~0.5 ms less CPU per
 /// attempt, BENCHMARKS.md), else the small `bench-agent` built beside this binary, else this
 /// binary's own `agent` subcommand. The agent's cost is not Turnpike's, so the cheapest one wins.
-fn agent_command(me: &std::path::Path) -> String {
+/// Returns the command line and what it is, for the report.
+fn agent_command(me: &std::path::Path) -> (String, &'static str) {
     let dir = me.parent().unwrap_or(std::path::Path::new("."));
     let candidates = [
-        dir.join("../x86_64-unknown-linux-gnu/release/turnpike-test-agent"),
-        dir.join("bench-agent"),
+        (
+            dir.join("../x86_64-unknown-linux-gnu/release/turnpike-test-agent"),
+            "turnpike-test-agent (static)",
+        ),
+        (dir.join("bench-agent"), "bench-agent (dynamic)"),
     ];
-    match candidates.iter().find(|p| p.exists()) {
-        Some(p) => p.display().to_string(),
-        None => format!("{} agent", me.display()),
+    match candidates.into_iter().find(|(p, _)| p.exists()) {
+        Some((p, what)) => (p.display().to_string(), what),
+        None => (format!("{} agent", me.display()), "turnpike-bench agent"),
     }
 }
 
@@ -382,18 +383,7 @@ async fn baseline(stack: &Stack, mix: &[(Op, usize)], n: usize, concurrency: usi
 }
 
 async fn pipeline_overhead(out: &mut String, n: usize) -> Result<()> {
-    let agent = std::env::current_exe()
-        .map(|me| agent_command(&me))
-        .unwrap_or_default();
-    let linkage = if agent.contains("x86_64-unknown-linux-gnu") {
-        "static"
-    } else {
-        "dynamic"
-    };
-    let agent = format!(
-        "{} ({linkage})",
-        agent.rsplit('/').next().unwrap_or_default()
-    );
+    let agent = std::env::current_exe().map_or("?", |me| agent_command(&me).1);
     writeln!(
         out,
         "\n### 1. Pipeline vs raw JetStream ({n} turns, agent replies at once, process backend: `{agent}`)\n"

@@ -27,7 +27,7 @@ use tokio::io::AsyncWriteExt;
 use tokio::sync::{mpsc, watch};
 use tracing::{debug, warn};
 use turnpike_config::Config;
-use turnpike_core::wire::AgentInput;
+use turnpike_core::wire::{AgentInput, WorkItem};
 use turnpike_core::{ChatId, RunnerId, TurnId};
 
 /// Labels on every container Turnpike starts.
@@ -145,27 +145,12 @@ impl DockerBackend {
         }
     }
 
-    pub async fn run(
-        &self,
-        spec: &RunSpec,
-        out: mpsc::Sender<Output>,
-        stop: watch::Receiver<Option<StopReason>>,
-    ) -> RawExit {
-        let work = &spec.work;
-        let name = self.container_name(&work.turn, work.attempt);
-        // A container of the same name can only be a leftover of this very attempt: replace it.
-        self.remove(&name).await;
-        let paths = spec
-            .attachments
-            .iter()
-            .map(|(n, _)| format!("{ATTACHMENT_DIR}/{n}"))
-            .collect();
-        let input = match serde_json::to_vec(&AgentInput::from_work(work, paths)) {
-            Ok(i) => i,
-            Err(e) => return engine_error(format!("cannot encode the input document: {e}")),
-        };
-        let memory = i64::try_from(spec.memory_limit).unwrap_or(i64::MAX);
-        let body = ContainerCreateBody {
+    /// What an attempt's container is created with: the image, the numeric user, stdin for the
+    /// input document, the limits, the network and the labels. Public so that the benchmarks can
+    /// time a bare run of exactly the same container.
+    pub fn container_body(&self, work: &WorkItem, memory_limit: u64) -> ContainerCreateBody {
+        let memory = i64::try_from(memory_limit).unwrap_or(i64::MAX);
+        ContainerCreateBody {
             image: Some(self.image.clone()),
             user: Some(self.user.clone()),
             attach_stdin: Some(true),
@@ -197,7 +182,29 @@ impl DockerBackend {
                 ..Default::default()
             }),
             ..Default::default()
+        }
+    }
+
+    pub async fn run(
+        &self,
+        spec: &RunSpec,
+        out: mpsc::Sender<Output>,
+        stop: watch::Receiver<Option<StopReason>>,
+    ) -> RawExit {
+        let work = &spec.work;
+        let name = self.container_name(&work.turn, work.attempt);
+        // A container of the same name can only be a leftover of this very attempt: replace it.
+        self.remove(&name).await;
+        let paths = spec
+            .attachments
+            .iter()
+            .map(|(n, _)| format!("{ATTACHMENT_DIR}/{n}"))
+            .collect();
+        let input = match serde_json::to_vec(&AgentInput::from_work(work, paths)) {
+            Ok(i) => i,
+            Err(e) => return engine_error(format!("cannot encode the input document: {e}")),
         };
+        let body = self.container_body(work, spec.memory_limit);
         let created = self
             .docker
             .create_container(

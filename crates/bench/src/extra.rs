@@ -4,8 +4,8 @@ use crate::{inbound, ms, percentile, Stack};
 use anyhow::{Context, Result};
 use bollard::models::ContainerCreateBody;
 use bollard::query_parameters::{
-    AttachContainerOptionsBuilder, CreateContainerOptionsBuilder, RemoveContainerOptionsBuilder,
-    WaitContainerOptions,
+    AttachContainerOptionsBuilder, CreateContainerOptionsBuilder, ListContainersOptionsBuilder,
+    RemoveContainerOptionsBuilder, WaitContainerOptions,
 };
 use futures::StreamExt;
 use std::fmt::Write as _;
@@ -19,6 +19,8 @@ use turnpike_jetstream::decode;
 use turnpike_runner::backend::DockerBackend;
 
 const IMAGE: &str = "turnpike-test-agent:latest";
+/// The label on the bench's own bare-run containers, as key and value.
+const BARE_LABEL: [&str; 2] = ["turnpike.bench", "bare"];
 
 /// One bare run of the container an attempt gets (same image, user, limits, network): create,
 /// attach, start, feed the input, wait, remove.
@@ -36,36 +38,68 @@ async fn bare_run(
         )
         .await?
         .id;
-    let attach = docker
-        .attach_container(
-            &id,
-            Some(
-                AttachContainerOptionsBuilder::new()
-                    .stdin(true)
-                    .stdout(true)
-                    .stderr(true)
-                    .stream(true)
-                    .build(),
-            ),
-        )
-        .await?;
-    docker.start_container(&id, None).await?;
-    let mut stdin = attach.input;
-    stdin.write_all(input).await?;
-    stdin.shutdown().await?;
-    let mut output = attach.output;
-    while let Ok(Some(_)) = tokio::time::timeout(Duration::from_secs(10), output.next()).await {}
-    let _ = docker
-        .wait_container(&id, None::<WaitContainerOptions>)
-        .next()
-        .await;
-    docker
+    let ran = async {
+        let attach = docker
+            .attach_container(
+                &id,
+                Some(
+                    AttachContainerOptionsBuilder::new()
+                        .stdin(true)
+                        .stdout(true)
+                        .stderr(true)
+                        .stream(true)
+                        .build(),
+                ),
+            )
+            .await?;
+        docker.start_container(&id, None).await?;
+        let mut stdin = attach.input;
+        stdin.write_all(input).await?;
+        stdin.shutdown().await?;
+        let mut output = attach.output;
+        while let Ok(Some(_)) = tokio::time::timeout(Duration::from_secs(10), output.next()).await {
+        }
+        let _ = docker
+            .wait_container(&id, None::<WaitContainerOptions>)
+            .next()
+            .await;
+        Ok::<_, anyhow::Error>(())
+    }
+    .await;
+    // Removed whatever happened, so that a failed run leaves nothing behind.
+    let removed = docker
         .remove_container(
             &id,
             Some(RemoveContainerOptionsBuilder::new().force(true).build()),
         )
-        .await?;
+        .await;
+    ran?;
+    removed?;
     Ok(start.elapsed())
+}
+
+/// Remove bare-run containers an interrupted earlier run left (found by the bench's own label):
+/// their fixed names would otherwise refuse this run's.
+async fn remove_leftover_bare_runs(docker: &bollard::Docker) -> Result<()> {
+    let filters: std::collections::HashMap<&str, Vec<String>> =
+        [("label", vec![BARE_LABEL.join("=")])].into();
+    let leftovers = docker
+        .list_containers(Some(
+            ListContainersOptionsBuilder::new()
+                .all(true)
+                .filters(&filters)
+                .build(),
+        ))
+        .await?;
+    for id in leftovers.into_iter().filter_map(|c| c.id) {
+        docker
+            .remove_container(
+                &id,
+                Some(RemoveContainerOptionsBuilder::new().force(true).build()),
+            )
+            .await?;
+    }
+    Ok(())
 }
 
 pub async fn docker_overhead(out: &mut String) -> Result<()> {
@@ -97,6 +131,7 @@ pub async fn docker_overhead(out: &mut String) -> Result<()> {
         c.runner_slots = 1;
     })
     .await?;
+    remove_leftover_bare_runs(&docker).await?;
     let container = DockerBackend::connect(&stack.config, RunnerId::sanitized("bench-bare"))
         .await
         .map_err(anyhow::Error::msg)?;
@@ -162,7 +197,7 @@ pub async fn docker_overhead(out: &mut String) -> Result<()> {
         // The runner's own container settings (network `none` saves the bridge set-up a default
         // container pays), labelled as the bench's so no runner takes it for its own.
         let mut body = container.container_body(&work, stack.config.memory_limit.0);
-        body.labels = Some([("turnpike.bench".to_owned(), "bare".to_owned())].into());
+        body.labels = Some([(BARE_LABEL[0].to_owned(), BARE_LABEL[1].to_owned())].into());
         let name = format!("turnpike-bench-bare-{i}");
         bare.push(bare_run(&docker, body, &input, &name).await?);
     }

@@ -417,6 +417,7 @@ async fn pipeline_overhead(out: &mut String, n: usize) -> Result<()> {
          CPU ms per turn: server / roles / agents | baseline: server / client |"
     )?;
     writeln!(out, "|---|---|---|---|---|---|---|---|")?;
+    let mut rows = Vec::new();
     for runners in [1usize, 2, 4] {
         let stack = Stack::start(runners, |c| c.runner_slots = 4).await?;
         let server = stack.server_pid();
@@ -442,6 +443,7 @@ async fn pipeline_overhead(out: &mut String, n: usize) -> Result<()> {
         }
         lat.sort();
         let (tps, b) = (median(&mut pipe), median(&mut base));
+        rows.push((runners, tps));
         let per_turn =
             |d: Duration| format!("{:.2}", d.as_secs_f64() * 1000.0 / (n * ROUNDS) as f64);
         writeln!(
@@ -465,6 +467,22 @@ async fn pipeline_overhead(out: &mut String, n: usize) -> Result<()> {
          turn); medians of {ROUNDS} alternating rounds; the baseline runs runners × slots loops at \
          once; goal ≥ 0.8. CPU is per turn, summed over the rounds: the server's, this process's \
          (the roles, or the baseline's client), and the agents' (reaped child processes)."
+    )?;
+    // The issue's "a baseline loop" read literally: one loop, no concurrency. Shown for reference
+    // only; it is latency-bound where the pipeline is not, so the goal is judged above.
+    let stack = Stack::start(1, |c| c.runner_slots = 4).await?;
+    let one = baseline(&stack, &whole, n, 1).await?;
+    stack.stop().await;
+    let against_one: Vec<String> = rows
+        .iter()
+        .map(|(r, tps)| format!("{:.2} at {r} × 4", tps / one))
+        .collect();
+    writeln!(
+        out,
+        "\nFor reference, a single baseline loop (no concurrency) does {one:.1} turns/s. Against \
+         it the ratios would be {}. That flatters the pipeline, which runs many turns at once, so \
+         the goal is judged against the matched concurrency above.",
+        against_one.join(", ")
     )?;
     Ok(())
 }

@@ -4,8 +4,8 @@ use crate::{inbound, ms, percentile, Stack};
 use anyhow::{Context, Result};
 use bollard::models::ContainerCreateBody;
 use bollard::query_parameters::{
-    AttachContainerOptionsBuilder, CreateContainerOptionsBuilder, ListContainersOptionsBuilder,
-    RemoveContainerOptionsBuilder, WaitContainerOptions,
+    CreateContainerOptionsBuilder, ListContainersOptionsBuilder, RemoveContainerOptionsBuilder,
+    WaitContainerOptions,
 };
 use futures::StreamExt;
 use std::fmt::Write as _;
@@ -16,7 +16,7 @@ use turnpike_core::lifecycle::{self, NewTurn};
 use turnpike_core::wire::{AgentInput, OutboundItem, OutboundKind};
 use turnpike_core::{subjects, ChatId, RunnerId, Timestamp, TurnId};
 use turnpike_jetstream::decode;
-use turnpike_runner::backend::DockerBackend;
+use turnpike_runner::backend::{attach_options, DockerBackend};
 
 const IMAGE: &str = "turnpike-test-agent:latest";
 /// The label on the bench's own bare-run containers, as key and value.
@@ -39,19 +39,7 @@ async fn bare_run(
         .await?
         .id;
     let ran = async {
-        let attach = docker
-            .attach_container(
-                &id,
-                Some(
-                    AttachContainerOptionsBuilder::new()
-                        .stdin(true)
-                        .stdout(true)
-                        .stderr(true)
-                        .stream(true)
-                        .build(),
-                ),
-            )
-            .await?;
+        let attach = docker.attach_container(&id, Some(attach_options())).await?;
         docker.start_container(&id, None).await?;
         let mut stdin = attach.input;
         stdin.write_all(input).await?;

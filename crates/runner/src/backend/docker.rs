@@ -12,9 +12,9 @@ use bollard::container::LogOutput;
 use bollard::errors::Error as DockerError;
 use bollard::models::{ContainerCreateBody, HostConfig};
 use bollard::query_parameters::{
-    AttachContainerOptionsBuilder, CreateContainerOptionsBuilder, EventsOptionsBuilder,
-    ListContainersOptionsBuilder, RemoveContainerOptionsBuilder, StopContainerOptionsBuilder,
-    UploadToContainerOptionsBuilder, WaitContainerOptions,
+    AttachContainerOptions, AttachContainerOptionsBuilder, CreateContainerOptionsBuilder,
+    EventsOptionsBuilder, ListContainersOptionsBuilder, RemoveContainerOptionsBuilder,
+    StopContainerOptionsBuilder, UploadToContainerOptionsBuilder, WaitContainerOptions,
 };
 use bollard::Docker;
 use bytes::Bytes;
@@ -60,6 +60,17 @@ pub struct Orphan {
     pub turn: Option<TurnId>,
     pub attempt: Option<u32>,
     pub chat: Option<ChatId>,
+}
+
+/// How an attempt's container is attached, before start: stdin for the input document and both
+/// output streams. Public so that the benchmarks' bare run attaches alike.
+pub fn attach_options() -> AttachContainerOptions {
+    AttachContainerOptionsBuilder::new()
+        .stdin(true)
+        .stdout(true)
+        .stderr(true)
+        .stream(true)
+        .build()
 }
 
 impl DockerBackend {
@@ -279,17 +290,7 @@ impl DockerBackend {
         // Attach before start, so no output is missed.
         let attach = self
             .docker
-            .attach_container(
-                id,
-                Some(
-                    AttachContainerOptionsBuilder::new()
-                        .stdin(true)
-                        .stdout(true)
-                        .stderr(true)
-                        .stream(true)
-                        .build(),
-                ),
-            )
+            .attach_container(id, Some(attach_options()))
             .await;
         let attach = match attach {
             Ok(a) => a,

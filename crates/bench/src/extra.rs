@@ -55,15 +55,16 @@ async fn bare_run(
     }
     .await;
     // Removed whatever happened, so that a failed run leaves nothing behind.
-    let removed = docker
-        .remove_container(
-            &id,
-            Some(RemoveContainerOptionsBuilder::new().force(true).build()),
-        )
-        .await;
+    let removed = remove_bare(docker, &id).await;
     ran?;
     removed?;
     Ok(start.elapsed())
+}
+
+/// Force-remove one of the bench's bare-run containers.
+async fn remove_bare(docker: &bollard::Docker, id: &str) -> Result<()> {
+    let force = RemoveContainerOptionsBuilder::new().force(true).build();
+    Ok(docker.remove_container(id, Some(force)).await?)
 }
 
 /// Remove bare-run containers an interrupted earlier run left (found by the bench's own label):
@@ -80,12 +81,7 @@ async fn remove_leftover_bare_runs(docker: &bollard::Docker) -> Result<()> {
         ))
         .await?;
     for id in leftovers.into_iter().filter_map(|c| c.id) {
-        docker
-            .remove_container(
-                &id,
-                Some(RemoveContainerOptionsBuilder::new().force(true).build()),
-            )
-            .await?;
+        remove_bare(docker, &id).await?;
     }
     Ok(())
 }

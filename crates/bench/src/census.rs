@@ -205,17 +205,24 @@ const BASE_BUCKET: &str = "bench_base";
 
 /// Streams and consumers for the baseline, configured like the pipeline's own: a stream shaped
 /// like the events stream, a KV bucket shaped like the turns bucket (leader reads, CAS writes),
-/// and one durable pull consumer per loop shaped like the coordinator's.
+/// and one durable pull consumer per loop shaped like the coordinator's. The loops share
+/// `connections` client connections, loop `w` using connection `w % connections`.
 #[derive(Clone)]
 pub struct Baseline {
-    js: async_nats::jetstream::Context,
-    client: async_nats::Client,
-    kv: async_nats::jetstream::kv::Store,
+    conns: Vec<Conn>,
     consumers: Vec<async_nats::jetstream::consumer::PullConsumer>,
 }
 
+/// One client connection of the baseline and its handles.
+#[derive(Clone)]
+struct Conn {
+    js: async_nats::jetstream::Context,
+    client: async_nats::Client,
+    kv: async_nats::jetstream::kv::Store,
+}
+
 impl Baseline {
-    pub async fn create(stack: &Stack, loops: usize) -> Result<Baseline> {
+    pub async fn create(stack: &Stack, loops: usize, connections: usize) -> Result<Baseline> {
         use async_nats::jetstream::{consumer, kv};
         use turnpike_core::subjects;
         let js = stack.bus.js.clone();
@@ -236,9 +243,19 @@ impl Baseline {
         turns.subjects = vec![format!("$KV.{BASE_BUCKET}.>")];
         let _ = js.delete_stream(BASE_STREAM).await;
         let _ = js.delete_stream(&turns.name).await;
-        let stream = js.create_stream(events).await?;
+        js.create_stream(events).await?;
         js.create_stream(turns).await?;
-        let kv: kv::Store = js.get_key_value(BASE_BUCKET).await?;
+        let mut conns = Vec::with_capacity(connections.max(1));
+        for c in 0..connections.max(1) {
+            let client = if c == 0 {
+                stack.bus.client.clone()
+            } else {
+                turnpike_jetstream::connect(&stack.config, &format!("bench-baseline-{c}")).await?
+            };
+            let js = async_nats::jetstream::new(client.clone());
+            let kv: kv::Store = js.get_key_value(BASE_BUCKET).await?;
+            conns.push(Conn { js, client, kv });
+        }
         let (_, like_coordinator) = turnpike_jetstream::topology::consumer_configs(&stack.config)?
             .into_iter()
             .find(|(s, _)| *s == subjects::STREAM_EVENTS)
@@ -251,14 +268,13 @@ impl Baseline {
                 filter_subjects: vec![],
                 ..like_coordinator.clone()
             };
+            let stream = conns[w % conns.len()]
+                .js
+                .get_stream_no_info(BASE_STREAM)
+                .await?;
             consumers.push(stream.create_consumer(c).await?);
         }
-        Ok(Baseline {
-            js,
-            client: stack.bus.client.clone(),
-            kv,
-            consumers,
-        })
+        Ok(Baseline { conns, consumers })
     }
 
     /// One baseline "turn" of loop `w`: every operation of `mix`, in the mix's order (publishes
@@ -268,6 +284,7 @@ impl Baseline {
         let key = format!("b-{w}-{t}");
         let subject = format!("bench.base.{w}.{t}");
         let payload = bytes::Bytes::from_static(&[b'x'; 200]);
+        let Conn { js, client, kv } = &self.conns[w % self.conns.len()];
         let mut revision = None;
         let mut ordered = Vec::new();
         let mut fetched = Vec::new();
@@ -277,31 +294,31 @@ impl Baseline {
                     Op::PublishAck => {
                         let mut h = async_nats::HeaderMap::new();
                         h.insert("Nats-Msg-Id", format!("{key}-{i}").as_str());
-                        self.js
+                        js
                             .publish_with_headers(subject.clone(), h, payload.clone())
                             .await?
                             .await?;
                     }
                     Op::KvWrite => {
                         revision = Some(match revision {
-                            None => self.kv.create(&key, payload.clone()).await?,
-                            Some(r) => self.kv.update(&key, payload.clone(), r).await?,
+                            None => kv.create(&key, payload.clone()).await?,
+                            Some(r) => kv.update(&key, payload.clone(), r).await?,
                         });
                     }
                     Op::LeaderGet => {
-                        self.kv.get(&key).await?;
+                        kv.get(&key).await?;
                     }
                     Op::DirectGet => {
-                        let s = self.js.get_stream_no_info(BASE_STREAM).await?;
+                        let s = js.get_stream_no_info(BASE_STREAM).await?;
                         s.direct_get_last_for_subject(&subject).await?;
                     }
                     Op::OtherApi => {
                         // What the pipeline's other API calls are: a stream info before a scan.
-                        self.js.get_stream(BASE_STREAM).await?;
+                        js.get_stream(BASE_STREAM).await?;
                     }
                     Op::ConsumerCreate => {
                         // No round trip: the handle is local.
-                        let s = self.js.get_stream_no_info(BASE_STREAM).await?;
+                        let s = js.get_stream_no_info(BASE_STREAM).await?;
                         ordered.push(
                             s.create_consumer(OrderedConfig {
                                 filter_subject: subject.clone(),
@@ -348,18 +365,17 @@ impl Baseline {
                     Op::ConsumerDelete => {
                         // The pipeline deletes nothing per turn today; a delete of a missing
                         // consumer still costs the round trip.
-                        let _ = self
-                            .js
+                        let _ = js
                             .get_stream_no_info(BASE_STREAM)
                             .await?
                             .delete_consumer(&format!("none-{key}"))
                             .await;
                     }
                     Op::Purge => {
-                        self.kv.purge(format!("{key}-p")).await?;
+                        kv.purge(format!("{key}-p")).await?;
                     }
                     Op::Plain => {
-                        self.client
+                        client
                             .publish(subject.clone(), payload.clone())
                             .await?;
                     }

@@ -294,8 +294,7 @@ impl Baseline {
                     Op::PublishAck => {
                         let mut h = async_nats::HeaderMap::new();
                         h.insert("Nats-Msg-Id", format!("{key}-{i}").as_str());
-                        js
-                            .publish_with_headers(subject.clone(), h, payload.clone())
+                        js.publish_with_headers(subject.clone(), h, payload.clone())
                             .await?
                             .await?;
                     }
@@ -375,9 +374,7 @@ impl Baseline {
                         kv.purge(format!("{key}-p")).await?;
                     }
                     Op::Plain => {
-                        client
-                            .publish(subject.clone(), payload.clone())
-                            .await?;
+                        client.publish(subject.clone(), payload.clone()).await?;
                     }
                 }
             }

@@ -425,7 +425,7 @@ async fn pipeline_overhead(out: &mut String, n: usize) -> Result<()> {
         out,
         "| runners × slots | turns/s | p50 | p99 | baseline turns/s (ops/s) | ratio | \
          CPU ms per turn: server / roles / agents | baseline: server / client | \
-         baseline on the pipeline's connections: turns/s, ratio |"
+         baseline on the pipeline's connections: turns/s, ratio, server / client |"
     )?;
     writeln!(out, "|---|---|---|---|---|---|---|---|---|")?;
     let mut rows = Vec::new();
@@ -439,7 +439,11 @@ async fn pipeline_overhead(out: &mut String, n: usize) -> Result<()> {
         // One connection each for the chat adapter (this process), dispatcher, coordinator and
         // every runner.
         let connections = 3 + runners;
-        let (mut pipe_cpu, mut base_cpu) = ([Duration::ZERO; 3], [Duration::ZERO; 2]);
+        let (mut pipe_cpu, mut base_cpu, mut spread_cpu) = (
+            [Duration::ZERO; 3],
+            [Duration::ZERO; 2],
+            [Duration::ZERO; 2],
+        );
         // Alternate the two so that a noisy neighbour hits both alike; medians of ROUNDS.
         for round in 0..ROUNDS {
             let (s0, me0) = (extra::Cpu::of(&server), extra::Cpu::of("self"));
@@ -448,6 +452,7 @@ async fn pipeline_overhead(out: &mut String, n: usize) -> Result<()> {
             let b = baseline(&stack, &whole, n, runners * 4, 1).await?;
             let (s2, me2) = (extra::Cpu::of(&server), extra::Cpu::of("self"));
             spread.push(baseline(&stack, &whole, n, runners * 4, connections).await?);
+            let (s3, me3) = (extra::Cpu::of(&server), extra::Cpu::of("self"));
             pipe.push(n as f64 / elapsed.as_secs_f64());
             base.push(b);
             lat.extend(l);
@@ -456,6 +461,8 @@ async fn pipeline_overhead(out: &mut String, n: usize) -> Result<()> {
             pipe_cpu[2] += me1.children - me0.children;
             base_cpu[0] += s2.own - s1.own;
             base_cpu[1] += me2.own - me1.own;
+            spread_cpu[0] += s3.own - s2.own;
+            spread_cpu[1] += me3.own - me2.own;
         }
         lat.sort();
         let (tps, b, sb) = (median(&mut pipe), median(&mut base), median(&mut spread));
@@ -465,7 +472,7 @@ async fn pipeline_overhead(out: &mut String, n: usize) -> Result<()> {
         writeln!(
             out,
             "| {runners} × 4 | {tps:.1} | {} | {} | {b:.1} ({:.0}) | {:.2} | {} / {} / {} | {} / {} | \
-             {sb:.1} on {connections}, {:.2} |",
+             {sb:.1} on {connections}, {:.2}, {} / {} |",
             ms(percentile(&lat, 0.5)),
             ms(percentile(&lat, 0.99)),
             b * ops_per_turn as f64,
@@ -476,6 +483,8 @@ async fn pipeline_overhead(out: &mut String, n: usize) -> Result<()> {
             per_turn(base_cpu[0]),
             per_turn(base_cpu[1]),
             tps / sb,
+            per_turn(spread_cpu[0]),
+            per_turn(spread_cpu[1]),
         )?;
         stack.stop().await;
     }
@@ -486,8 +495,9 @@ async fn pipeline_overhead(out: &mut String, n: usize) -> Result<()> {
          once; goal ≥ 0.8. CPU is per turn, summed over the rounds: the server's, this process's \
          (the roles, or the baseline's client), and the agents' (reaped child processes). The \
          last column replays the same loops spread over as many connections as the pipeline \
-         holds (one per role): the gap between the two baselines is the price of the roles being \
-         separate clients, as they are in a deployment, rather than of Turnpike's logic."
+         holds (one per role), with its CPU per turn: the gap between the two baselines is the \
+         price of the roles being separate clients, as they are in a deployment, rather than of \
+         Turnpike's logic."
     )?;
     // The issue's "a baseline loop" read literally: one loop, no concurrency. Shown for reference
     // only; it is latency-bound where the pipeline is not, so the goal is judged above.

@@ -256,8 +256,8 @@ impl Stack {
 
 /// The agent the process backend runs, cheapest first: the static test agent that
 /// `deploy/build-images.sh` packs into the Docker image (musl: no CPUID-heavy glibc start-up, no
-/// dynamic loader; ~0.9 ms less CPU per attempt than the dynamic one, BENCHMARKS.md), else the small `bench-agent` built beside this binary, else this
-/// binary's own `agent` subcommand. The agent's cost is not Turnpike's, so the cheapest one wins.
+/// dynamic loader; ~0.9 ms less CPU per attempt than the dynamic one, BENCHMARKS.md), else the
+/// small `bench-agent` built beside this binary, else this binary's own `agent` subcommand. The agent's cost is not Turnpike's, so the cheapest one wins.
 /// Returns the command line and what it is, for the report.
 fn agent_command(me: &std::path::Path) -> (String, &'static str) {
     let dir = me.parent().unwrap_or(std::path::Path::new("."));
@@ -444,7 +444,8 @@ async fn pipeline_overhead(out: &mut String, n: usize) -> Result<()> {
             [Duration::ZERO; 2],
             [Duration::ZERO; 2],
         );
-        // Alternate the two so that a noisy neighbour hits both alike; medians of ROUNDS.
+        // Alternate the pipeline and the two baselines so that a noisy neighbour hits all alike;
+        // medians of ROUNDS.
         for round in 0..ROUNDS {
             let (s0, me0) = (extra::Cpu::of(&server), extra::Cpu::of("self"));
             let (elapsed, l) = burst(&stack, n, "reply:ok", &format!("p{runners}r{round}")).await?;

@@ -256,7 +256,7 @@ impl Stack {
 
 /// The agent the process backend runs, cheapest first: the static test agent that
 /// `deploy/build-images.sh` packs into the Docker image (musl: no CPUID-heavy glibc start-up, no
-/// dynamic loader; ~0.9 ms less CPU per attempt than the dynamic one, BENCHMARKS.md), else the
+/// dynamic loader; ~0.8 ms less CPU per attempt than the dynamic one, BENCHMARKS.md), else the
 /// small `bench-agent` built beside this binary, else this binary's own `agent` subcommand. The
 /// agent's cost is not Turnpike's, so the cheapest one wins. Returns the command line and what it
 /// is, for the report.

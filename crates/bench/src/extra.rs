@@ -87,7 +87,8 @@ async fn remove_leftover_bare_runs(docker: &bollard::Docker) -> Result<()> {
 }
 
 pub async fn docker_overhead(out: &mut String) -> Result<()> {
-    let n = 10;
+    // 20 a side: at 10 one slow container moved p50 by several percent (BENCHMARKS.md).
+    let n = 20;
     writeln!(out, "\n### 2. Docker attempt overhead ({n} sequential attempts, `reply:ok`, bare run after each)\n")?;
     let docker = match bollard::Docker::connect_with_local_defaults() {
         Ok(d) => match d.negotiate_version().await {

@@ -54,6 +54,8 @@ enum What {
         #[arg(long, default_value_t = 200)]
         turns: usize,
     },
+    /// Only measurement 3 (the retry path, and the coordinator kill -9 inside the delay), printed.
+    Retry,
     /// Count the JetStream operations `turns` turns cost, by kind, on the wire.
     Census {
         #[arg(long, default_value_t = 200)]
@@ -95,6 +97,16 @@ fn main() -> Result<()> {
             let rt = runtime()?;
             let mut out = String::new();
             rt.block_on(pipeline_overhead(&mut out, turns))?;
+            print!("{out}");
+            Ok(())
+        }
+        What::Retry => {
+            let rt = runtime()?;
+            let mut out = String::new();
+            rt.block_on(async {
+                retry_path(&mut out).await?;
+                extra::coordinator_kill(&mut out).await
+            })?;
             print!("{out}");
             Ok(())
         }

@@ -122,3 +122,44 @@ async fn presence_reports_slots_in_use_as_running_attempts() {
     in_use(0).await;
     p.stop().await;
 }
+
+#[tokio::test]
+async fn each_attempt_works_in_a_fresh_directory_under_scratch_dir_removed_after() {
+    let server = NatsServer::start();
+    let scratch = tempfile::tempdir().expect("scratch dir");
+    let config = turnpike_config::Config {
+        scratch_dir: Some(scratch.path().to_path_buf()),
+        ..test_config(&server, AGENT)
+    };
+    let roles = [
+        start_dispatcher(&config).await,
+        start_coordinator(&config).await,
+        start_runner(&config).await,
+    ];
+    let bus = Bus::connect(&config, "test").await.expect("bus");
+    let turn = send(&bus, "chat-s", "m-1", "sleep:1").await;
+    // The directory is made just before the agent starts, which is after Running is recorded.
+    let entries = turnpike_testkit::eventually(T, "the attempt's directory", || async {
+        let entries: Vec<String> = std::fs::read_dir(scratch.path())
+            .ok()?
+            .filter_map(|e| e.ok())
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        (!entries.is_empty()).then_some(entries)
+    })
+    .await;
+    assert_eq!(entries.len(), 1, "{entries:?}");
+    assert!(
+        entries[0].starts_with(&format!("turnpike-{turn}-1-")),
+        "{entries:?}"
+    );
+    let record = wait_ended(&bus, &turn, T).await;
+    assert_eq!(record.state, TurnState::Done);
+    let left = std::fs::read_dir(scratch.path())
+        .expect("read scratch")
+        .count();
+    assert_eq!(left, 0, "the attempt's directory outlived it");
+    for r in roles {
+        r.stop().await;
+    }
+}

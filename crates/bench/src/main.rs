@@ -209,6 +209,7 @@ impl Stack {
             nats_url: server.url(),
             runner_backend: Backend::Process,
             agent_command: Some(agent_command(&me).0),
+            scratch_dir: scratch_dir(),
             lease: Duration::from_secs(10),
             heartbeat: Duration::from_secs(2),
             log: "error".into(),
@@ -289,6 +290,14 @@ fn agent_command(me: &std::path::Path) -> (String, &'static str) {
         Some((p, what)) => (p.display().to_string(), what),
         None => (format!("{} agent", me.display()), "turnpike-bench agent"),
     }
+}
+
+/// Where the process backend makes attempt directories: a tmpfs when the machine has one, as an
+/// operator running the process backend at volume would set `scratch_dir` (on ext4, a `mkdir`
+/// and `rmdir` per attempt cost 8–18% of throughput, BENCHMARKS.md).
+fn scratch_dir() -> Option<std::path::PathBuf> {
+    let shm = std::path::Path::new("/dev/shm");
+    shm.is_dir().then(|| shm.to_path_buf())
 }
 
 /// Wait (up to 2 minutes) for a turn to reach a terminal state.
@@ -409,7 +418,11 @@ async fn pipeline_overhead(out: &mut String, n: usize) -> Result<()> {
     let agent = std::env::current_exe().map_or("?", |me| agent_command(&me).1);
     writeln!(
         out,
-        "\n### 1. Pipeline vs raw JetStream ({n} turns, agent replies at once, process backend: `{agent}`)\n"
+        "\n### 1. Pipeline vs raw JetStream ({n} turns, agent replies at once, process backend: \
+         `{agent}`, `scratch_dir` {})\n",
+        scratch_dir().map_or("unset (system temp dir)".into(), |d| d
+            .display()
+            .to_string())
     )?;
     // What one turn costs on the wire, counted on a stack of its own so the timed runs below
     // carry no `>` subscription.

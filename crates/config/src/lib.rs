@@ -114,6 +114,10 @@ pub struct Config {
     pub agent_image: String,
     /// Agent command line (process backend), split on whitespace.
     pub agent_command: Option<String>,
+    /// Where the process backend makes each attempt's fresh working directory (default: the
+    /// system's temporary directory, `$TMPDIR` or `/tmp`). A tmpfs here (e.g. `/dev/shm`) saves a
+    /// journalled `mkdir` and `rmdir` per attempt on disk-backed file systems.
+    pub scratch_dir: Option<PathBuf>,
     /// A claim not renewed for this long is dead (runner lost).
     #[serde(with = "units::duration")]
     pub lease: Duration,
@@ -181,6 +185,7 @@ impl Default for Config {
             runner_backend: Backend::Docker,
             agent_image: "turnpike-test-agent:latest".into(),
             agent_command: None,
+            scratch_dir: None,
             lease: Duration::from_secs(15),
             heartbeat: Duration::from_secs(5),
             retention_turns: Duration::from_secs(7 * 24 * 3600),

@@ -62,7 +62,10 @@ impl Runner {
                         "the process backend needs agent_command (TURNPIKE_AGENT_COMMAND)".into(),
                     )
                 })?;
-                Backend::Process(ProcessBackend::new(command).map_err(RunnerError::Backend)?)
+                Backend::Process(
+                    ProcessBackend::new(command, config.scratch_dir.clone())
+                        .map_err(RunnerError::Backend)?,
+                )
             }
             turnpike_config::Backend::Docker => Backend::Docker(
                 DockerBackend::connect(&config, id.clone())

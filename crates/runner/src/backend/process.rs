@@ -9,6 +9,7 @@ use bytes::Bytes;
 use rustix::process::Signal;
 use rustix::process::{kill_process_group, prlimit, Pid, Resource, Rlimit};
 use std::os::unix::process::ExitStatusExt;
+use std::path::PathBuf;
 use std::process::{ExitStatus, Stdio};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::process::Command;
@@ -18,11 +19,15 @@ use turnpike_core::wire::AgentInput;
 
 pub struct ProcessBackend {
     argv: Vec<String>,
+    /// Parent of the attempts' working directories; `None` for the system's temporary directory.
+    scratch: Option<PathBuf>,
 }
 
 impl ProcessBackend {
-    /// `command` is split on white space: program, then arguments.
-    pub fn new(command: &str) -> Result<Self, String> {
+    /// `command` is split on white space: program, then arguments. `scratch` is where each
+    /// attempt's fresh working directory is made (`scratch_dir`), checked here so that a typo
+    /// fails the runner at start rather than every attempt.
+    pub fn new(command: &str, scratch: Option<PathBuf>) -> Result<Self, String> {
         let argv: Vec<String> = command.split_whitespace().map(str::to_owned).collect();
         if argv.is_empty() {
             return Err(
@@ -30,7 +35,15 @@ impl ProcessBackend {
                     .into(),
             );
         }
-        Ok(ProcessBackend { argv })
+        if let Some(dir) = &scratch {
+            if !dir.is_dir() {
+                return Err(format!(
+                    "scratch_dir {} is not a directory (TURNPIKE_SCRATCH_DIR)",
+                    dir.display()
+                ));
+            }
+        }
+        Ok(ProcessBackend { argv, scratch })
     }
 
     pub async fn run(
@@ -40,10 +53,14 @@ impl ProcessBackend {
         mut stop: watch::Receiver<Option<StopReason>>,
     ) -> RawExit {
         let work = &spec.work;
-        let dir = match tempfile::Builder::new()
-            .prefix(&format!("turnpike-{}-{}-", work.turn, work.attempt))
-            .tempdir()
-        {
+        let prefix = format!("turnpike-{}-{}-", work.turn, work.attempt);
+        let mut dir = tempfile::Builder::new();
+        dir.prefix(&prefix);
+        let dir = match &self.scratch {
+            Some(parent) => dir.tempdir_in(parent),
+            None => dir.tempdir(),
+        };
+        let dir = match dir {
             Ok(d) => d,
             Err(e) => return engine_error(format!("cannot create the attempt's temp dir: {e}")),
         };
@@ -213,4 +230,23 @@ fn pump<R: AsyncRead + Unpin + Send + 'static>(
             }
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_scratch_dir_that_is_not_a_directory_fails_at_start_naming_the_setting() {
+        let file = tempfile::NamedTempFile::new().expect("temp file");
+        for bad in [file.path().to_path_buf(), file.path().join("missing")] {
+            let err = ProcessBackend::new("agent", Some(bad.clone()))
+                .err()
+                .expect("refused");
+            assert!(err.contains("scratch_dir"), "{err}");
+            assert!(err.contains(&bad.display().to_string()), "{err}");
+        }
+        assert!(ProcessBackend::new("agent", Some(std::env::temp_dir())).is_ok());
+        assert!(ProcessBackend::new("agent", None).is_ok());
+    }
 }

@@ -138,7 +138,7 @@ async fn each_attempt_works_in_a_fresh_directory_under_scratch_dir_removed_after
     ];
     let bus = Bus::connect(&config, "test").await.expect("bus");
     let turn = send(&bus, "chat-s", "m-1", "sleep:1").await;
-    // The directory is made just before the agent starts, which is after Running is recorded.
+    // The directory is made just before the agent starts, which can be after Running is recorded.
     let entries = turnpike_testkit::eventually(T, "the attempt's directory", || async {
         let entries: Vec<String> = std::fs::read_dir(scratch.path())
             .ok()?

@@ -14,28 +14,19 @@ const T: Duration = Duration::from_secs(30);
 
 #[tokio::test]
 async fn an_allocation_failure_under_rlimit_is_the_agents_crash_not_an_oom_kill() {
-    let server = NatsServer::start();
-    let config = turnpike_config::Config {
-        memory_limit: ByteSize(64 << 20),
-        max_turn_retry: 1,
-        ..test_config(&server, AGENT)
-    };
-    let roles = [
-        start_dispatcher(&config).await,
-        start_coordinator(&config).await,
-        start_runner(&config).await,
-    ];
-    let bus = Bus::connect(&config, "test").await.expect("bus");
-    let turn = send(&bus, "chat-p", "m-1", "oom").await;
-    let record = wait_ended(&bus, &turn, T).await;
+    let p = Pipeline::start(AGENT, |c| {
+        c.memory_limit = ByteSize(64 << 20);
+        c.max_turn_retry = 1;
+    })
+    .await;
+    let turn = send(&p.bus, "chat-p", "m-1", "oom").await;
+    let record = wait_ended(&p.bus, &turn, T).await;
     let exit = record.attempts[0].exit.clone().expect("exit report");
     // Rust aborts on a failed allocation: SIGABRT, reported as a signal death.
     assert_eq!(exit.class, ExitClass::Signaled, "{exit:?}");
     assert_eq!(exit.signal, Some(6), "{exit:?}");
     assert_eq!(record.state, TurnState::GaveUp);
-    for r in roles {
-        r.stop().await;
-    }
+    p.stop().await;
 }
 
 #[tokio::test]
@@ -125,19 +116,12 @@ async fn presence_reports_slots_in_use_as_running_attempts() {
 
 #[tokio::test]
 async fn each_attempt_works_in_a_fresh_directory_under_scratch_dir_removed_after() {
-    let server = NatsServer::start();
     let scratch = tempfile::tempdir().expect("scratch dir");
-    let config = turnpike_config::Config {
-        scratch_dir: Some(scratch.path().to_path_buf()),
-        ..test_config(&server, AGENT)
-    };
-    let roles = [
-        start_dispatcher(&config).await,
-        start_coordinator(&config).await,
-        start_runner(&config).await,
-    ];
-    let bus = Bus::connect(&config, "test").await.expect("bus");
-    let turn = send(&bus, "chat-s", "m-1", "sleep:1").await;
+    let p = Pipeline::start(AGENT, |c| {
+        c.scratch_dir = Some(scratch.path().to_path_buf())
+    })
+    .await;
+    let turn = send(&p.bus, "chat-s", "m-1", "sleep:1").await;
     // The directory is made just before the agent starts, which can be after Running is recorded.
     let entries = turnpike_testkit::eventually(T, "the attempt's directory", || async {
         let entries: Vec<String> = std::fs::read_dir(scratch.path())
@@ -153,13 +137,11 @@ async fn each_attempt_works_in_a_fresh_directory_under_scratch_dir_removed_after
         entries[0].starts_with(&format!("turnpike-{turn}-1-")),
         "{entries:?}"
     );
-    let record = wait_ended(&bus, &turn, T).await;
+    let record = wait_ended(&p.bus, &turn, T).await;
     assert_eq!(record.state, TurnState::Done);
     let left = std::fs::read_dir(scratch.path())
         .expect("read scratch")
         .count();
     assert_eq!(left, 0, "the attempt's directory outlived it");
-    for r in roles {
-        r.stop().await;
-    }
+    p.stop().await;
 }

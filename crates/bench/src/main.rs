@@ -56,6 +56,8 @@ enum What {
     },
     /// Only measurement 3 (the retry path, and the coordinator kill -9 inside the delay), printed.
     Retry,
+    /// Only measurement 4 (the coordinator's cost per event with 1k, 10k, 100k stored turns).
+    Scale,
     /// Count the JetStream operations `turns` turns cost, by kind, on the wire.
     Census {
         #[arg(long, default_value_t = 200)]
@@ -107,6 +109,13 @@ fn main() -> Result<()> {
                 retry_path(&mut out).await?;
                 extra::coordinator_kill(&mut out).await
             })?;
+            print!("{out}");
+            Ok(())
+        }
+        What::Scale => {
+            let rt = runtime()?;
+            let mut out = String::new();
+            rt.block_on(extra::scale(&mut out))?;
             print!("{out}");
             Ok(())
         }

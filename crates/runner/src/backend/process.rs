@@ -54,12 +54,20 @@ impl ProcessBackend {
     ) -> RawExit {
         let work = &spec.work;
         let prefix = format!("turnpike-{}-{}-", work.turn, work.attempt);
-        let mut dir = tempfile::Builder::new();
-        dir.prefix(&prefix);
-        let dir = match &self.scratch {
-            Some(parent) => dir.tempdir_in(parent),
-            None => dir.tempdir(),
-        };
+        // Directory calls block (on a journalled disk, behind I/O): keep them off the runtime's
+        // workers, which also drive this runner's NATS connection and its leases.
+        let scratch = self.scratch.clone();
+        let dir = tokio::task::spawn_blocking(move || {
+            let mut dir = tempfile::Builder::new();
+            dir.prefix(&prefix);
+            match &scratch {
+                Some(parent) => dir.tempdir_in(parent),
+                None => dir.tempdir(),
+            }
+        })
+        .await
+        .map_err(std::io::Error::other)
+        .and_then(|made| made);
         let dir = match dir {
             Ok(d) => d,
             Err(e) => return engine_error(format!("cannot create the attempt's temp dir: {e}")),
@@ -165,7 +173,14 @@ impl ProcessBackend {
         for r in readers.into_iter().flatten() {
             let _ = r.await;
         }
-        drop(dir);
+        // Not awaited: the exit is what the turn waits for, the removal is housekeeping.
+        let turn = work.turn.clone();
+        tokio::task::spawn_blocking(move || {
+            let path = dir.path().to_path_buf();
+            if let Err(e) = dir.close() {
+                warn!(turn_id = %turn, path = %path.display(), error = %e, "cannot remove the attempt's directory");
+            }
+        });
         match status {
             Ok(status) => from_status(status, stopped_by),
             Err(e) => {

@@ -41,6 +41,14 @@ fn emit(value: serde_json::Value) {
     }
 }
 
+/// One diagnostic line on stderr, in a single write. Stderr is unbuffered, and `eprintln!` with
+/// arguments writes each piece on its own: seven writes, and as many wake-ups of the runner's
+/// reader, for the start-up line alone.
+fn diag(line: std::fmt::Arguments) {
+    let line = format!("test-agent: {line}\n");
+    let _ = std::io::stderr().write_all(line.as_bytes());
+}
+
 fn raw_line(line: &str) {
     let mut out = std::io::stdout().lock();
     if writeln!(out, "{line}").and_then(|_| out.flush()).is_err() {
@@ -80,20 +88,20 @@ fn hang() -> ! {
 pub fn run() -> ! {
     let mut raw = Vec::new();
     if let Err(e) = std::io::stdin().read_to_end(&mut raw) {
-        eprintln!("test-agent: cannot read stdin: {e}");
+        diag(format_args!("cannot read stdin: {e}"));
         std::process::exit(3);
     }
     let input: AgentInput = match serde_json::from_slice(&raw) {
         Ok(i) => i,
         Err(e) => {
-            eprintln!("test-agent: stdin is not a Turnpike input document: {e}");
+            diag(format_args!("stdin is not a Turnpike input document: {e}"));
             std::process::exit(3);
         }
     };
-    eprintln!(
-        "test-agent: turn {} attempt {} of {}",
+    diag(format_args!(
+        "turn {} attempt {} of {}",
         input.turn, input.attempt, input.max_attempts
-    );
+    ));
     let text = input.message.text.trim().to_owned();
     let show_prompt = text.split_whitespace().any(|w| w == "show-prompt");
     let with_attachments = text.split_whitespace().any(|w| w == "with-attachments");
@@ -135,7 +143,7 @@ pub fn run() -> ! {
     };
     let number = |what: &str| -> u64 {
         arg.and_then(|a| a.parse().ok()).unwrap_or_else(|| {
-            eprintln!("test-agent: {what} needs a number, e.g. {what}:3");
+            diag(format_args!("{what} needs a number, e.g. {what}:3"));
             std::process::exit(4);
         })
     };
@@ -159,13 +167,15 @@ pub fn run() -> ! {
                 // Touch every page so the memory is really committed.
                 hoard.push(vec![0xA5; chunk]);
             }
-            eprintln!("test-agent: allocated 1 GiB without being killed: no memory limit?");
+            diag(format_args!(
+                "allocated 1 GiB without being killed: no memory limit?"
+            ));
             std::process::exit(OOM_CAP_EXIT);
         }
         "hang" => hang(),
         "sleep" => {
             let secs: f64 = arg.and_then(|a| a.parse().ok()).unwrap_or_else(|| {
-                eprintln!("test-agent: sleep needs seconds, e.g. sleep:2");
+                diag(format_args!("sleep needs seconds, e.g. sleep:2"));
                 std::process::exit(4);
             });
             std::thread::sleep(Duration::from_secs_f64(secs.max(0.0)));
@@ -187,7 +197,7 @@ pub fn run() -> ! {
         "silent" => {}
         "die-until" => {
             if u64::from(input.attempt) < number("die-until") {
-                eprintln!("test-agent: dying on attempt {}", input.attempt);
+                diag(format_args!("dying on attempt {}", input.attempt));
                 std::process::exit(1);
             }
             reply(&format!("answered on attempt {}", input.attempt));

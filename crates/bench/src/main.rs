@@ -53,6 +53,10 @@ enum What {
     Pipeline {
         #[arg(long, default_value_t = 200)]
         turns: usize,
+        /// Slots per runner (`all` uses 4). With 1, four runners hold as many turns at once as
+        /// one runner with 4 slots: the runner count without the extra load.
+        #[arg(long, default_value_t = 4)]
+        slots: usize,
     },
     /// Only measurement 3 (the retry path, and the coordinator kill -9 inside the delay), printed.
     Retry,
@@ -95,10 +99,10 @@ fn main() -> Result<()> {
                 Ok(())
             })
         }
-        What::Pipeline { turns } => {
+        What::Pipeline { turns, slots } => {
             let rt = runtime()?;
             let mut out = String::new();
-            rt.block_on(pipeline_overhead(&mut out, turns))?;
+            rt.block_on(pipeline_overhead(&mut out, turns, slots))?;
             print!("{out}");
             Ok(())
         }
@@ -423,7 +427,7 @@ async fn baseline(
     Ok((per_worker * concurrency) as f64 / start.elapsed().as_secs_f64())
 }
 
-async fn pipeline_overhead(out: &mut String, n: usize) -> Result<()> {
+async fn pipeline_overhead(out: &mut String, n: usize, slots: usize) -> Result<()> {
     let agent = std::env::current_exe().map_or("?", |me| agent_command(&me).1);
     writeln!(
         out,
@@ -465,7 +469,7 @@ async fn pipeline_overhead(out: &mut String, n: usize) -> Result<()> {
     writeln!(out, "|---|---|---|---|---|---|---|---|---|")?;
     let mut rows = Vec::new();
     for runners in [1usize, 2, 4] {
-        let stack = Stack::start(runners, |c| c.runner_slots = 4).await?;
+        let stack = Stack::start(runners, |c| c.runner_slots = slots as u32).await?;
         let server = stack.server_pid();
         let mut pipe = Vec::new();
         let mut base = Vec::new();
@@ -485,9 +489,9 @@ async fn pipeline_overhead(out: &mut String, n: usize) -> Result<()> {
             let (s0, me0) = (extra::Cpu::of(&server), extra::Cpu::of("self"));
             let (elapsed, l) = burst(&stack, n, "reply:ok", &format!("p{runners}r{round}")).await?;
             let (s1, me1) = (extra::Cpu::of(&server), extra::Cpu::of("self"));
-            let b = baseline(&stack, &whole, n, runners * 4, 1).await?;
+            let b = baseline(&stack, &whole, n, runners * slots, 1).await?;
             let (s2, me2) = (extra::Cpu::of(&server), extra::Cpu::of("self"));
-            spread.push(baseline(&stack, &whole, n, runners * 4, connections).await?);
+            spread.push(baseline(&stack, &whole, n, runners * slots, connections).await?);
             let (s3, me3) = (extra::Cpu::of(&server), extra::Cpu::of("self"));
             pipe.push(n as f64 / elapsed.as_secs_f64());
             base.push(b);
@@ -507,7 +511,7 @@ async fn pipeline_overhead(out: &mut String, n: usize) -> Result<()> {
             |d: Duration| format!("{:.2}", d.as_secs_f64() * 1000.0 / (n * ROUNDS) as f64);
         writeln!(
             out,
-            "| {runners} × 4 | {tps:.1} | {} | {} | {b:.1} ({:.0}) | {:.2} | {} / {} / {} | {} / {} | \
+            "| {runners} × {slots} | {tps:.1} | {} | {} | {b:.1} ({:.0}) | {:.2} | {} / {} / {} | {} / {} | \
              {sb:.1} on {connections}, {:.2}, {} / {} |",
             ms(percentile(&lat, 0.5)),
             ms(percentile(&lat, 0.99)),
@@ -542,7 +546,7 @@ async fn pipeline_overhead(out: &mut String, n: usize) -> Result<()> {
     stack.stop().await;
     let against_one: Vec<String> = rows
         .iter()
-        .map(|(r, tps)| format!("{:.2} at {r} × 4", tps / one))
+        .map(|(r, tps)| format!("{:.2} at {r} × {slots}", tps / one))
         .collect();
     writeln!(
         out,
@@ -744,7 +748,7 @@ async fn all(turns: usize, plot_dir: &std::path::Path) -> Result<String> {
         "\n## {} — {cores} cores, {mem}, nats-server from $TURNPIKE_NATS_SERVER or PATH\n\n`bash deploy/build-images.sh && cargo build --release -p turnpike-bench && target/release/turnpike-bench all --turns {turns} --write BENCHMARKS.md`",
         turnpike_jetstream::now()
     )?;
-    pipeline_overhead(&mut out, turns).await?;
+    pipeline_overhead(&mut out, turns, 4).await?;
     extra::docker_overhead(&mut out).await?;
     retry_path(&mut out).await?;
     extra::coordinator_kill(&mut out).await?;

@@ -70,11 +70,7 @@ impl ProcessBackend {
         .map_err(std::io::Error::other)
         .and_then(|made| made);
         let dir = match dir {
-            Ok(d) => AttemptDir {
-                path: d.path().to_path_buf(),
-                dir: Some(d),
-                turn: work.turn.clone(),
-            },
+            Ok(d) => AttemptDir::new(d, work.turn.clone()),
             Err(e) => return engine_error(format!("cannot create the attempt's temp dir: {e}")),
         };
         let att_dir = dir.path().join("attachments");
@@ -196,22 +192,32 @@ impl ProcessBackend {
 /// the blocking pool: the exit is what the turn waits for, the removal is housekeeping that may
 /// wait for the disk. Without a runtime to hand it to, it is removed here.
 struct AttemptDir {
-    path: PathBuf,
+    /// `None` only once `drop` has taken it.
     dir: Option<tempfile::TempDir>,
     turn: TurnId,
 }
 
 impl AttemptDir {
+    fn new(dir: tempfile::TempDir, turn: TurnId) -> Self {
+        AttemptDir {
+            dir: Some(dir),
+            turn,
+        }
+    }
+
     fn path(&self) -> &Path {
-        &self.path
+        self.dir
+            .as_ref()
+            .map_or(Path::new(""), tempfile::TempDir::path)
     }
 }
 
 impl Drop for AttemptDir {
     fn drop(&mut self) {
         let Some(dir) = self.dir.take() else { return };
-        let (path, turn) = (std::mem::take(&mut self.path), self.turn.clone());
+        let turn = self.turn.clone();
         let remove = move || {
+            let path = dir.path().to_path_buf();
             if let Err(e) = dir.close() {
                 warn!(turn_id = %turn, path = %path.display(), error = %e, "cannot remove the attempt's directory");
             }
@@ -298,11 +304,7 @@ mod tests {
         let dir = tempfile::tempdir().expect("temp dir");
         std::fs::write(dir.path().join("left-behind"), b"x").expect("file");
         let chat = turnpike_core::ChatId::new("c").expect("chat id");
-        AttemptDir {
-            path: dir.path().to_path_buf(),
-            dir: Some(dir),
-            turn: TurnId::for_message(&chat, "m"),
-        }
+        AttemptDir::new(dir, TurnId::for_message(&chat, "m"))
     }
 
     #[test]

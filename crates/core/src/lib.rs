@@ -4,11 +4,13 @@
 //! - [`wire`]: every message that crosses NATS, and the turn record stored in KV.
 //! - [`codec`]: JSON (default) and MessagePack, chosen by a `Content-Type` header.
 //! - [`subjects`]: the one place subject, stream, bucket and dedup-id names are built.
+//! - [`fence`]: which attempt may land output, from the fence subject's last marker.
 //! - [`texts`]: the exact user-facing notices and the retry preamble.
 //!
 //! Nothing here reads a clock, a socket or a file: time is passed in as [`Timestamp`].
 
 pub mod codec;
+pub mod fence;
 pub mod ids;
 pub mod lifecycle;
 pub mod subjects;

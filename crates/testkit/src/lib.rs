@@ -211,8 +211,9 @@ where
     }
 }
 
-/// A loopback TCP proxy that a test can cut and restore, to cut a client off from its server
-/// for real (the client sees its connection drop and reconnects when restored).
+/// A loopback TCP fault injector between one client and its server: it can cut the client off
+/// (connections dropped, new ones refused), hold its traffic (nothing passes either way until
+/// released; bytes wait in the proxy, none are lost), or delay every chunk it forwards.
 pub struct CutProxy {
     port: u16,
     state: std::sync::Arc<ProxyState>,
@@ -223,6 +224,34 @@ pub struct CutProxy {
 struct ProxyState {
     cut: std::sync::atomic::AtomicBool,
     conns: std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>,
+    /// Every forwarded write takes this for reading; `hold` takes it for writing and keeps it.
+    gate: std::sync::Arc<tokio::sync::RwLock<()>>,
+    held: std::sync::Mutex<Option<tokio::sync::OwnedRwLockWriteGuard<()>>>,
+    delay_ms: std::sync::atomic::AtomicU64,
+}
+
+/// Copy one direction chunk by chunk, each write through the gate and after the delay.
+async fn forward(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    state: std::sync::Arc<ProxyState>,
+) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        let n = match from.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => n,
+        };
+        let delay = state.delay_ms.load(std::sync::atomic::Ordering::SeqCst);
+        if delay > 0 {
+            tokio::time::sleep(Duration::from_millis(delay)).await;
+        }
+        let _pass = state.gate.read().await;
+        if to.write_all(&buf[..n]).await.is_err() {
+            return;
+        }
+    }
 }
 
 impl CutProxy {
@@ -235,16 +264,23 @@ impl CutProxy {
         let state = std::sync::Arc::new(ProxyState::default());
         let st = state.clone();
         let accept = tokio::spawn(async move {
-            while let Ok((mut inbound, _)) = listener.accept().await {
+            while let Ok((inbound, _)) = listener.accept().await {
                 if st.cut.load(Ordering::SeqCst) {
                     drop(inbound);
                     continue;
                 }
+                let st2 = st.clone();
                 let conn = tokio::spawn(async move {
-                    if let Ok(mut upstream) =
+                    if let Ok(upstream) =
                         tokio::net::TcpStream::connect(("127.0.0.1", upstream_port)).await
                     {
-                        let _ = tokio::io::copy_bidirectional(&mut inbound, &mut upstream).await;
+                        let (ir, iw) = inbound.into_split();
+                        let (ur, uw) = upstream.into_split();
+                        // Either direction ending ends the connection.
+                        tokio::select! {
+                            _ = forward(ir, uw, st2.clone()) => {}
+                            _ = forward(ur, iw, st2) => {}
+                        }
                     }
                 });
                 if let Ok(mut conns) = st.conns.lock() {
@@ -280,6 +316,28 @@ impl CutProxy {
         self.state
             .cut
             .store(false, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Stop forwarding in both directions. Once this returns, no further byte reaches either
+    /// side until [`CutProxy::release`]; what arrives meanwhile waits in the proxy.
+    pub async fn hold(&self) {
+        let guard = self.state.gate.clone().write_owned().await;
+        if let Ok(mut held) = self.state.held.lock() {
+            *held = Some(guard);
+        }
+    }
+
+    pub fn release(&self) {
+        if let Ok(mut held) = self.state.held.lock() {
+            held.take();
+        }
+    }
+
+    /// Delay every chunk forwarded from now on by `d` (zero: no delay).
+    pub fn set_delay(&self, d: Duration) {
+        self.state
+            .delay_ms
+            .store(d.as_millis() as u64, std::sync::atomic::Ordering::SeqCst);
     }
 }
 

@@ -16,9 +16,10 @@ use turnpike_core::subjects;
 use turnpike_core::wire::{
     ClaimHolder, ClaimRecord, ExitClass, ExitReport, RunnerEvent, RunnerEventKind, WorkItem,
 };
-use turnpike_core::{TurnId, TurnRecord, FORMAT_VERSION};
+use turnpike_core::{TurnId, TurnRecord};
+use turnpike_jetstream::fence::{self, Losing};
 use turnpike_jetstream::turns::{self, ApplyError};
-use turnpike_jetstream::{decode, decode_kv, now, Bus, BusError, Publish};
+use turnpike_jetstream::{decode, decode_kv, now, Bus, BusError};
 
 /// What one sweep found; logged, and counted by operators' tools.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -82,6 +83,15 @@ async fn sweep_turn(
         return Ok(());
     };
     let record = &current.record;
+    if !record.state.is_terminal()
+        && !record.outbox.is_empty()
+        && now().since(record.updated_at) > config.heartbeat
+    {
+        // Effects decided a while ago and still not confirmed (a kill to forward, say): the
+        // writer failed after its CAS. They are idempotent; carry them out now rather than wait
+        // for the turn's next event.
+        turns::run_outbox(bus, current.clone()).await?;
+    }
     match record.state {
         s if s.is_terminal() => {
             // Ended, but its effects (Ended drops it from this index) did not all happen.
@@ -93,7 +103,7 @@ async fn sweep_turn(
             check_attempt_alive(bus, config, counters, record, report).await?;
         }
         TurnState::PendingRetry => {
-            check_retry_scheduled(bus, record, report).await?;
+            check_retry_scheduled(bus, config, counters, record, report).await?;
         }
         _ => {}
     }
@@ -151,18 +161,18 @@ async fn check_attempt_alive(
         debug!(turn_id = %turn, attempt = k, "lease lapsed after the exit was reported; the event settles it");
         return Ok(());
     }
-    info!(turn_id = %turn, attempt = k, chat_id = %record.chat, "runner lease lapsed: declaring the attempt lost");
-    // Move the fence first: from here on nothing of the lost attempt can land, so the count below
-    // is final.
-    Publish::new(
-        bus.codec,
-        subjects::fence(turn),
-        &serde_json::json!({"v": FORMAT_VERSION, "turn": turn, "attempt": k, "lost": true}),
-    )?
-    .header(subjects::HDR_ATTEMPT, &k.to_string())
-    .send(&bus.js)
-    .await?;
-    let landed = count_landed(bus, record, k, claimed_at).await?;
+    // Move the fence first, and only if attempt k could still hold it: from here on nothing of
+    // the lost attempt can land, so the count below is final. A record read before a later
+    // attempt took the fence is stale, and changes nothing.
+    let runner_seq = match fence::lose(bus, turn, k).await? {
+        Losing::Fenced { runner_seq } => runner_seq,
+        Losing::Stale { current } => {
+            debug!(turn_id = %turn, attempt = k, current, "the fence belongs to a later attempt; this record was stale");
+            return Ok(());
+        }
+    };
+    info!(turn_id = %turn, attempt = k, chat_id = %record.chat, "runner lease lapsed: declared the attempt lost");
+    let replies = fence::landed(bus, &record.chat, turn, k, runner_seq).await?;
     let event = Event::Exited {
         attempt: k,
         report: ExitReport {
@@ -173,8 +183,8 @@ async fn check_attempt_alive(
                 "runner lease lapsed (no heartbeat for over {})",
                 humantime::format_duration(config.lease)
             )),
-            messages_landed: landed,
-            replies: vec![],
+            messages_landed: replies.len() as u32,
+            replies,
             ended_at: now(),
         },
     };
@@ -205,31 +215,25 @@ async fn exit_reported(bus: &Bus, turn: &TurnId, attempt: u32) -> bool {
     )
 }
 
-/// Bot messages of `attempt` stored on the chat's outbound subject since it was claimed.
-async fn count_landed(
-    bus: &Bus,
-    record: &TurnRecord,
-    attempt: u32,
-    since: SystemTime,
-) -> Result<u32, BusError> {
-    let items =
-        turnpike_jetstream::chats::landed_messages(bus, &record.chat, &record.turn, since).await?;
-    Ok(items.iter().filter(|i| i.attempt == attempt).count() as u32)
-}
-
 async fn check_retry_scheduled(
     bus: &Bus,
+    config: &Config,
+    counters: &Counters,
     record: &TurnRecord,
     report: &mut SweepReport,
 ) -> Result<(), ApplyError> {
     let turn = &record.turn;
     let k = record.attempt;
-    // Claimed: a runner has it.
+    // Claimed: a runner has it (its schedule fired), and it may have died before reporting it
+    // started. Its lease tells, as for a running attempt.
     let key = subjects::claim_key(turn, k);
-    if let Ok(Some(c)) = bus.claims.entry(key.as_str()).await {
-        if !c.value.is_empty() {
-            return Ok(());
-        }
+    let claim = bus
+        .claims
+        .entry(key.as_str())
+        .await
+        .map_err(|e| BusError::kv(format!("read claim {key}"), e))?;
+    if claim.is_some_and(|c| !c.value.is_empty()) {
+        return check_attempt_alive(bus, config, counters, record, report).await;
     }
     let stream = bus
         .js

@@ -224,6 +224,21 @@ pub struct ExitReport {
     pub ended_at: Timestamp,
 }
 
+impl ExitReport {
+    /// The report of an attempt that ended before its agent produced anything.
+    pub fn without_output(class: ExitClass, error: impl Into<String>, ended_at: Timestamp) -> Self {
+        ExitReport {
+            class,
+            exit_code: None,
+            signal: None,
+            error: Some(error.into()),
+            messages_landed: 0,
+            replies: vec![],
+            ended_at,
+        }
+    }
+}
+
 /// What a runner says about an attempt, on `turnpike.events.<turn>`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RunnerEvent {

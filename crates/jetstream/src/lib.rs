@@ -6,6 +6,7 @@ pub mod chats;
 mod connect;
 pub mod consume;
 mod error;
+pub mod fence;
 mod publish;
 pub mod topology;
 pub mod turns;

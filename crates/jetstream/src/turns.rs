@@ -229,6 +229,17 @@ pub async fn admit(
     }
 }
 
+fn killed_by(record: &TurnRecord) -> &str {
+    record.kill.as_ref().map_or("operator", |k| k.by.as_str())
+}
+
+async fn send_kill(bus: &Bus, turn: &TurnId, attempt: u32) -> Result<(), BusError> {
+    bus.client
+        .publish(subjects::kill(turn), Bytes::from(attempt.to_string()))
+        .await
+        .map_err(|e| BusError::publish(subjects::kill(turn), e))
+}
+
 /// Carry out one effect. Idempotent: dedup ids, one schedule subject per attempt, CAS writes.
 pub async fn execute(bus: &Bus, record: &TurnRecord, effect: &Effect) -> Result<(), BusError> {
     let turn = &record.turn;
@@ -277,12 +288,10 @@ pub async fn execute(bus: &Bus, record: &TurnRecord, effect: &Effect) -> Result<
             crate::chats::flag_errored(bus, record, reason).await?;
         }
         Effect::ForwardKill { attempt } => {
-            // Core NATS: the runner holding the attempt listens; the coordinator's lease sweep
-            // covers a runner that misses it.
-            bus.client
-                .publish(subjects::kill(turn), Bytes::from(attempt.to_string()))
-                .await
-                .map_err(|e| BusError::publish(subjects::kill(turn), e))?;
+            // The fence move is the kill: durable, and from it on nothing of the turn lands. The
+            // plain message only makes the runner stop at once instead of at its next heartbeat.
+            crate::fence::kill(bus, turn, *attempt, killed_by(record)).await?;
+            send_kill(bus, turn, *attempt).await?;
         }
         Effect::CancelAttempt { attempt } => {
             // Drop the schedule if it has not fired, and take the claim so no runner starts it.
@@ -303,7 +312,7 @@ pub async fn execute(bus: &Bus, record: &TurnRecord, effect: &Effect) -> Result<
                 holder: ClaimHolder::Cancelled,
                 at: now(),
             };
-            match bus
+            let claimed = match bus
                 .claims
                 .create(
                     subjects::claim_key(turn, *attempt),
@@ -311,15 +320,16 @@ pub async fn execute(bus: &Bus, record: &TurnRecord, effect: &Effect) -> Result<
                 )
                 .await
             {
-                Ok(_) => {}
-                Err(e) if e.kind() == CreateErrorKind::AlreadyExists => {
-                    warn!(%turn, attempt, "cancelled attempt was already claimed; the kill is forwarded to its runner");
-                    bus.client
-                        .publish(subjects::kill(turn), Bytes::from(attempt.to_string()))
-                        .await
-                        .map_err(|e| BusError::publish(subjects::kill(turn), e))?;
-                }
+                Ok(_) => false,
+                Err(e) if e.kind() == CreateErrorKind::AlreadyExists => true,
                 Err(e) => return Err(BusError::kv(format!("cancel claim {turn}.{attempt}"), e)),
+            };
+            // A runner may hold the claim already, before or after taking the fence: the fence
+            // move stops it either way (it takes the fence by compare-and-set).
+            crate::fence::kill(bus, turn, *attempt, killed_by(record)).await?;
+            if claimed {
+                debug!(%turn, attempt, "cancelled attempt was already claimed; its fence is moved and its runner told");
+                send_kill(bus, turn, *attempt).await?;
             }
         }
         Effect::Ended { state } => {

@@ -13,12 +13,14 @@ use std::time::{Duration, SystemTime};
 use tokio::io::AsyncReadExt;
 use tokio::sync::{mpsc, watch};
 use tracing::{debug, info, warn, Instrument};
+use turnpike_core::fence::Fenced;
 use turnpike_core::subjects::{self, msg_id};
 use turnpike_core::wire::{
     AgentLine, AgentStatus, ClaimHolder, ClaimRecord, ExitReport, OutboundItem, OutboundKind,
     RunnerEvent, RunnerEventKind, WorkItem,
 };
 use turnpike_core::{Timestamp, FORMAT_VERSION};
+use turnpike_jetstream::fence::Taken;
 use turnpike_jetstream::{dead_letter, decode, now, BusError, Publish};
 
 /// Take one work message from the runners' consumer and see it through.
@@ -50,6 +52,10 @@ async fn run(inner: Arc<Inner>, msg: async_nats::jetstream::Message, work: WorkI
         .info()
         .map(|i| Timestamp::from_system_time(SystemTime::from(i.published)))
         .unwrap_or_else(|_| now());
+
+    // Listen for kills before claiming: a kill sent at any moment after the claim reaches us.
+    // The fence catches any kill this subscription misses (it is plain NATS).
+    let kills = bus.client.subscribe(subjects::kill(&work.turn)).await.ok();
 
     // Claim: exactly one runner runs an attempt, however often its work item is delivered.
     let claim = ClaimRecord {
@@ -91,82 +97,92 @@ async fn run(inner: Arc<Inner>, msg: async_nats::jetstream::Message, work: WorkI
         }
     }
 
-    // The lease: while it lives (renewed on every heartbeat), the attempt is ours and alive.
-    if let Err(e) = crate::lease::put_with_ttl(
+    // The lease covers the attempt from its claim until its exit is reported: while it lives
+    // (renewed every heartbeat), the attempt is ours and alive. A lease that lapses is never
+    // renewed again, and stops the run.
+    let (stop_tx, stop_rx) = watch::channel::<Option<StopReason>>(None);
+    let stop_tx = Arc::new(stop_tx);
+    let (fence_tx, fence_rx) = watch::channel::<Option<u64>>(None);
+    let lease = crate::lease::keep_alive(
+        inner.clone(),
+        work.turn.clone(),
+        work.attempt,
+        stop_tx.clone(),
+        fence_rx,
+    );
+    let fenced = run_fenced(
         &inner,
-        subjects::BUCKET_LEASES,
-        &subjects::claim_key(&work.turn, work.attempt),
-        inner.config.lease,
-        Bytes::from(inner.id.to_string()),
-    )
-    .await
-    {
-        // The claim is ours but unprotected: the sweep will find it without a lease and declare
-        // it lost, which is the truth if we cannot reach NATS. Carry on; the run may still land.
-        warn!(error = %e, "cannot create the lease");
-    }
-
-    // Fence: from here on, this attempt's bot messages land only while the turn's fence is ours.
-    let fence_subject = subjects::fence(&work.turn);
-    let fence = match Publish::new(
-        bus.codec,
-        fence_subject.clone(),
-        &serde_json::json!({"v": FORMAT_VERSION, "turn": work.turn, "attempt": work.attempt, "runner": inner.id}),
-    ) {
-        Ok(p) => {
-            p.header(subjects::HDR_ATTEMPT, &work.attempt.to_string())
-                .send(&bus.js)
-                .await
-        }
-        Err(e) => Err(e),
-    };
-    let fence_seq = match fence {
-        Ok(ack) => ack.sequence,
-        Err(e) => {
-            // The claim is ours; without a fence we cannot land anything safely. Report a death
-            // so the coordinator decides (a retry, if the budget allows).
-            warn!(error = %e, "cannot set the attempt fence");
-            let _ = msg.double_ack().await;
-            report_exit(
-                &inner,
-                &work,
-                engine_failure(format!("cannot set fence: {e}")),
-            )
-            .await;
-            return;
-        }
-    };
-    emit(
-        &inner,
+        &msg,
         &work,
-        "started",
-        RunnerEventKind::Started { published_at },
+        published_at,
+        kills,
+        stop_tx,
+        stop_rx,
+        fence_tx,
     )
     .await;
+    report_exit(&inner, &work, fenced).await;
+    lease.abort();
+}
+
+/// Take the fence and, if it is ours, run the attempt; returns its exit report.
+#[allow(clippy::too_many_arguments)]
+async fn run_fenced(
+    inner: &Arc<Inner>,
+    msg: &async_nats::jetstream::Message,
+    work: &WorkItem,
+    published_at: Timestamp,
+    kills: Option<async_nats::Subscriber>,
+    stop_tx: Arc<watch::Sender<Option<StopReason>>>,
+    stop_rx: watch::Receiver<Option<StopReason>>,
+    fence_tx: watch::Sender<Option<u64>>,
+) -> ExitReport {
+    use turnpike_core::wire::ExitClass;
+    // Fence: from here on, this attempt's bot messages land only while the turn's fence is ours.
+    // Taken by compare-and-set, so a kill or a loss decided before this point is never overrun.
+    let taken =
+        turnpike_jetstream::fence::take(&inner.bus, &work.turn, work.attempt, &inner.id).await;
+    // The claim makes any redelivery harmless from here on, whatever happens next.
     if let Err(e) = msg.double_ack().await {
         debug!(error = %e, "ack of the work item failed; the claim keeps it ours");
     }
-    info!("attempt started");
+    let fence_seq = match taken {
+        Ok(Taken::Ours(seq)) => seq,
+        Ok(Taken::Killed) => {
+            info!("the turn was killed before the attempt started; not running it");
+            return ExitReport::without_output(
+                ExitClass::OperatorKilled,
+                "killed by an operator before it started",
+                now(),
+            );
+        }
+        Ok(Taken::Lost) => {
+            info!("the attempt was declared lost before it started; not running it");
+            return ExitReport::without_output(
+                ExitClass::RunnerLost,
+                "declared lost before it started",
+                now(),
+            );
+        }
+        Err(e) => {
+            // Without the fence nothing can land safely. Report a death so the coordinator
+            // decides (a retry, if the budget allows).
+            warn!(error = %e, "cannot take the attempt fence");
+            return ExitReport::without_output(
+                ExitClass::EngineError,
+                format!("cannot take the fence: {e}"),
+                now(),
+            );
+        }
+    };
+    fence_tx.send_replace(Some(fence_seq));
+    let fence_subject = subjects::fence(&work.turn);
 
-    let attachments = match fetch_attachments(&inner, &work).await {
+    let attachments = match fetch_attachments(inner, work).await {
         Ok(a) => a,
         Err(e) => {
             warn!(error = %e, "attachments unavailable");
-            report_exit(
-                &inner,
-                &work,
-                ExitReport {
-                    class: turnpike_core::wire::ExitClass::CouldNotStart,
-                    exit_code: None,
-                    signal: None,
-                    error: Some(e),
-                    messages_landed: 0,
-                    replies: vec![],
-                    ended_at: now(),
-                },
-            )
-            .await;
-            return;
+            return ExitReport::without_output(ExitClass::CouldNotStart, e, now());
         }
     };
 
@@ -177,19 +193,13 @@ async fn run(inner: Arc<Inner>, msg: async_nats::jetstream::Message, work: WorkI
         stop_grace: inner.config.stop_grace,
     };
     let (out_tx, mut out_rx) = mpsc::channel::<Output>(64);
-    let (stop_tx, stop_rx) = watch::channel::<Option<StopReason>>(None);
-    let stop_tx = Arc::new(stop_tx);
 
-    // Operator kills arrive on the turn's control subject.
+    // Operator kills arrive on the turn's control subject (subscribed before the claim).
     let kill_watch = {
         let stop_tx = stop_tx.clone();
-        let client = bus.client.clone();
-        let turn = work.turn.clone();
         let attempt = work.attempt;
         tokio::spawn(async move {
-            let Ok(mut sub) = client.subscribe(subjects::kill(&turn)).await else {
-                return;
-            };
+            let Some(mut sub) = kills else { return };
             while let Some(m) = sub.next().await {
                 let target: Option<u32> = std::str::from_utf8(&m.payload)
                     .ok()
@@ -201,12 +211,6 @@ async fn run(inner: Arc<Inner>, msg: async_nats::jetstream::Message, work: WorkI
             }
         })
     };
-    let lease = crate::lease::keep_alive(
-        inner.clone(),
-        work.turn.clone(),
-        work.attempt,
-        stop_tx.clone(),
-    );
     // The run time limit.
     let timer = {
         let stop_tx = stop_tx.clone();
@@ -250,8 +254,8 @@ async fn run(inner: Arc<Inner>, msg: async_nats::jetstream::Message, work: WorkI
     });
 
     let mut lander = Lander {
-        inner: &inner,
-        work: &work,
+        inner: inner.as_ref(),
+        work,
         fence_subject,
         fence_seq,
         landed: 0,
@@ -265,6 +269,17 @@ async fn run(inner: Arc<Inner>, msg: async_nats::jetstream::Message, work: WorkI
     let mut splitter = LineSplitter::new(MAX_LINE);
     while let Some(chunk) = out_rx.recv().await {
         match chunk {
+            // Only now is the turn running: the agent has started.
+            Output::Started => {
+                emit(
+                    inner,
+                    work,
+                    "started",
+                    RunnerEventKind::Started { published_at },
+                )
+                .await;
+                info!("attempt started");
+            }
             Output::Stdout(bytes) => {
                 lander.any_output = true;
                 for line in splitter.push(&bytes) {
@@ -289,7 +304,6 @@ async fn run(inner: Arc<Inner>, msg: async_nats::jetstream::Message, work: WorkI
         },
     };
     kill_watch.abort();
-    lease.abort();
     timer.abort();
     drain.abort();
 
@@ -305,30 +319,13 @@ async fn run(inner: Arc<Inner>, msg: async_nats::jetstream::Message, work: WorkI
         .or(stopped)
         .or(lander.verdict_error.clone());
     info!(?class, exit_code = ?raw.exit_code, signal = ?raw.signal, landed = lander.landed, "attempt ended");
-    report_exit(
-        &inner,
-        &work,
-        ExitReport {
-            class,
-            exit_code: raw.exit_code,
-            signal: raw.signal,
-            error,
-            messages_landed: lander.landed,
-            replies: lander.replies.clone(),
-            ended_at: now(),
-        },
-    )
-    .await;
-}
-
-fn engine_failure(error: String) -> ExitReport {
     ExitReport {
-        class: turnpike_core::wire::ExitClass::EngineError,
-        exit_code: None,
-        signal: None,
-        error: Some(error),
-        messages_landed: 0,
-        replies: vec![],
+        class,
+        exit_code: raw.exit_code,
+        signal: raw.signal,
+        error,
+        messages_landed: lander.landed,
+        replies: lander.replies,
         ended_at: now(),
     }
 }
@@ -434,9 +431,13 @@ impl Lander<'_> {
                     return;
                 }
                 Err(BusError::Fenced { .. }) => {
-                    warn!("attempt superseded: its bot message was refused; stopping it");
                     self.fenced = true;
-                    stop.send_replace(Some(StopReason::Superseded));
+                    let why = fence_stop(self.inner, self.work, self.fence_seq).await;
+                    warn!(
+                        ?why,
+                        "the fence moved: the bot message was refused; stopping the run"
+                    );
+                    stop.send_replace(Some(why));
                     return;
                 }
                 Err(e) if tries < 5 => {
@@ -493,6 +494,18 @@ impl Lander<'_> {
     }
 }
 
+/// Why a run whose fence moved must stop: an operator's kill, or the attempt was declared lost.
+pub(crate) async fn fence_stop(inner: &Inner, work: &WorkItem, ours: u64) -> StopReason {
+    match turnpike_jetstream::fence::last(&inner.bus, &work.turn).await {
+        Ok(last) => match turnpike_core::fence::check(last.as_ref(), ours) {
+            Some(Fenced::Killed) => StopReason::Operator,
+            Some(Fenced::Lost) | None => StopReason::Superseded,
+        },
+        // Refused, so not ours any more, whichever it was.
+        Err(_) => StopReason::Superseded,
+    }
+}
+
 /// Fetch the message's attachments from the object store, within the size limit.
 async fn fetch_attachments(inner: &Inner, work: &WorkItem) -> Result<Vec<(String, Bytes)>, String> {
     let max = inner.config.attachment_max_bytes.0;
@@ -521,8 +534,25 @@ async fn fetch_attachments(inner: &Inner, work: &WorkItem) -> Result<Vec<(String
     Ok(out)
 }
 
+/// What a runner event is about.
+#[derive(Clone, Copy)]
+pub(crate) struct WorkItemRef<'a> {
+    turn: &'a turnpike_core::TurnId,
+    chat: &'a turnpike_core::ChatId,
+    attempt: u32,
+}
+
 /// Publish a runner event, retried (same dedup id) so a blip does not lose it.
 pub(crate) async fn emit(inner: &Inner, work: &WorkItem, what: &str, kind: RunnerEventKind) {
+    let about = WorkItemRef {
+        turn: &work.turn,
+        chat: &work.chat,
+        attempt: work.attempt,
+    };
+    emit_for(inner, about, what, kind).await
+}
+
+async fn emit_for(inner: &Inner, work: WorkItemRef<'_>, what: &str, kind: RunnerEventKind) {
     let event = RunnerEvent {
         v: FORMAT_VERSION,
         turn: work.turn.clone(),
@@ -532,15 +562,14 @@ pub(crate) async fn emit(inner: &Inner, work: &WorkItem, what: &str, kind: Runne
         at: now(),
         kind,
     };
-    let id = msg_id::event(&work.turn, work.attempt, what);
+    let id = msg_id::event(work.turn, work.attempt, what);
     let mut delay = Duration::from_millis(100);
     for tries in 1..=10 {
-        let publish =
-            Publish::new(inner.bus.codec, subjects::events(&work.turn), &event).map(|p| {
-                p.msg_id(&id)
-                    .header(subjects::HDR_TURN, work.turn.as_str())
-                    .header(subjects::HDR_ATTEMPT, &work.attempt.to_string())
-            });
+        let publish = Publish::new(inner.bus.codec, subjects::events(work.turn), &event).map(|p| {
+            p.msg_id(&id)
+                .header(subjects::HDR_TURN, work.turn.as_str())
+                .header(subjects::HDR_ATTEMPT, &work.attempt.to_string())
+        });
         let result = match publish {
             Ok(p) => p.send(&inner.bus.js).await.map(|_| ()),
             Err(e) => Err(e),
@@ -560,44 +589,56 @@ pub(crate) async fn emit(inner: &Inner, work: &WorkItem, what: &str, kind: Runne
     );
 }
 
-/// Report an attempt found as a leftover container after a restart: runner lost.
+/// Report an attempt found as a leftover container after a restart: runner lost. Like the
+/// coordinator's sweep, it first fences the attempt out (unless a later attempt holds the fence
+/// already) and then counts what of it landed, so a reply that landed is never followed by a retry.
 pub(crate) async fn report_orphan(
     inner: &Inner,
     turn: turnpike_core::TurnId,
     chat: turnpike_core::ChatId,
     attempt: u32,
 ) {
-    let event = RunnerEvent {
-        v: FORMAT_VERSION,
-        turn: turn.clone(),
-        chat,
+    use turnpike_jetstream::fence::{self, Losing};
+    let replies = match fence::lose(&inner.bus, &turn, attempt).await {
+        Ok(Losing::Fenced { runner_seq }) => {
+            match fence::landed(&inner.bus, &chat, &turn, attempt, runner_seq).await {
+                Ok(r) => r,
+                Err(e) => {
+                    warn!(turn_id = %turn, attempt, error = %e, "could not count what the leftover run landed; the lease sweep will settle it");
+                    return;
+                }
+            }
+        }
+        Ok(Losing::Stale { current }) => {
+            debug!(turn_id = %turn, attempt, current, "a later attempt holds the fence; nothing to report");
+            return;
+        }
+        Err(e) => {
+            warn!(turn_id = %turn, attempt, error = %e, "could not fence the leftover run; the lease sweep will");
+            return;
+        }
+    };
+    let work_like = WorkItemRef {
+        turn: &turn,
+        chat: &chat,
         attempt,
-        runner: inner.id.clone(),
-        at: now(),
-        kind: RunnerEventKind::Exited {
-            report: ExitReport {
-                class: turnpike_core::wire::ExitClass::RunnerLost,
-                exit_code: None,
-                signal: None,
-                error: Some("the runner restarted while the attempt ran".into()),
-                messages_landed: 0,
-                replies: vec![],
-                ended_at: now(),
-            },
-        },
     };
-    let publish = Publish::new(inner.bus.codec, subjects::events(&turn), &event).map(|p| {
-        p.msg_id(&msg_id::event(&turn, attempt, "exited"))
-            .header(subjects::HDR_TURN, turn.as_str())
-            .header(subjects::HDR_ATTEMPT, &attempt.to_string())
-    });
-    let result = match publish {
-        Ok(p) => p.send(&inner.bus.js).await.map(|_| ()),
-        Err(e) => Err(e),
+    let report = ExitReport {
+        class: turnpike_core::wire::ExitClass::RunnerLost,
+        exit_code: None,
+        signal: None,
+        error: Some("the runner restarted while the attempt ran".into()),
+        messages_landed: replies.len() as u32,
+        replies,
+        ended_at: now(),
     };
-    if let Err(e) = result {
-        warn!(turn_id = %turn, attempt, error = %e, "could not report the leftover run; the lease sweep will");
-    }
+    emit_for(
+        inner,
+        work_like,
+        "exited",
+        RunnerEventKind::Exited { report },
+    )
+    .await;
 }
 
 async fn report_exit(inner: &Inner, work: &WorkItem, report: ExitReport) {

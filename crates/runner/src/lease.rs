@@ -24,79 +24,170 @@ fn ttl_secs(d: Duration) -> String {
     format!("{secs}s")
 }
 
-/// Put `value` under `key` in a TTL bucket, expiring after `ttl` unless renewed.
+/// Put `value` under `key` in a TTL bucket, expiring after `ttl` unless renewed; with
+/// `expect`, only if the key's last sequence is still that one. Returns the new sequence.
 pub(crate) async fn put_with_ttl(
     inner: &Inner,
     bucket: &str,
     key: &str,
     ttl: Duration,
     value: Bytes,
-) -> Result<(), BusError> {
+    expect: Option<u64>,
+) -> Result<u64, BusError> {
     let subject = kv_subject(bucket, key);
     let mut headers = async_nats::HeaderMap::new();
     headers.insert("Nats-TTL", ttl_secs(ttl).as_str());
-    inner
+    if let Some(seq) = expect {
+        headers.insert(
+            async_nats::header::NATS_EXPECTED_LAST_SUBJECT_SEQUENCE,
+            seq.to_string().as_str(),
+        );
+    }
+    let ack = inner
         .bus
         .js
         .publish_with_headers(subject.clone(), headers, value)
         .await
         .map_err(|e| BusError::publish(&subject, e))?
         .await
-        .map_err(|e| BusError::publish(&subject, e))?;
-    Ok(())
+        .map_err(|e| match e.kind() {
+            async_nats::jetstream::context::PublishErrorKind::WrongLastSequence => {
+                BusError::Fenced {
+                    subject: subject.clone(),
+                }
+            }
+            _ => BusError::publish(&subject, e),
+        })?;
+    Ok(ack.sequence)
 }
 
-/// Renew the attempt's lease every heartbeat until dropped. If renewals keep failing until less than
-/// one heartbeat of the lease is left, ask the run to stop (`LeaseLost`).
+/// The lease key's last value, read from the stream leader: `Some(seq)` if it is still our
+/// live lease (a renewal whose ack we missed), `None` if it lapsed or is someone else's.
+async fn still_ours(inner: &Inner, key: &str) -> Result<Option<u64>, BusError> {
+    let subject = kv_subject(subjects::BUCKET_LEASES, key);
+    let stream = inner
+        .bus
+        .js
+        .get_stream_no_info(format!("KV_{}", subjects::BUCKET_LEASES))
+        .await
+        .map_err(|e| BusError::kv("open the leases stream", e))?;
+    match stream.get_last_raw_message_by_subject(&subject).await {
+        Ok(m) => {
+            // A lapsed lease leaves an empty delete marker (or nothing, once that expired too).
+            let marker = m.headers.get("Nats-Marker-Reason").is_some()
+                || m.headers.get("KV-Operation").is_some();
+            Ok((!marker && m.payload == inner.id.as_str().as_bytes()).then_some(m.sequence))
+        }
+        Err(e)
+            if e.kind()
+                == async_nats::jetstream::stream::LastRawMessageErrorKind::NoMessageFound =>
+        {
+            Ok(None)
+        }
+        Err(e) => Err(BusError::kv(format!("read lease {key}"), e)),
+    }
+}
+
+fn ask_stop(stop: &watch::Sender<Option<StopReason>>, why: StopReason) -> bool {
+    stop.send_if_modified(|s| {
+        if s.is_none() {
+            *s = Some(why);
+            true
+        } else {
+            false
+        }
+    })
+}
+
+/// Hold the attempt's lease from its claim until dropped (after the exit is reported):
+/// create it, renew it every heartbeat by compare-and-set, and stop the run (`LeaseLost`) while one
+/// heartbeat of it is still left if renewals keep failing, or at once if it lapsed — a lapsed
+/// lease is never renewed again, since the coordinator may have declared the attempt lost. Once
+/// the attempt holds its fence (`fence`), each heartbeat also checks the fence is still its own, so
+/// a kill or loss it missed on the wire still stops it.
 pub(crate) fn keep_alive(
     inner: Arc<Inner>,
     turn: TurnId,
     attempt: u32,
     stop: Arc<watch::Sender<Option<StopReason>>>,
+    fence: watch::Receiver<Option<u64>>,
 ) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         let key = subjects::claim_key(&turn, attempt);
         let lease = inner.config.lease;
         let beat = inner.config.heartbeat;
         let value = Bytes::from(inner.id.to_string());
-        // The lease was created with the claim; renew it from here on. `last_ok` is when the
-        // last renewal that succeeded was *sent*: the server's TTL started no earlier than that.
+        // `last_ok` is when the last renewal that succeeded was *sent*: the server's TTL started
+        // no earlier than that. `seq` is the lease's sequence, none until it exists.
         let mut last_ok = Instant::now();
+        let mut seq: Option<u64> = None;
+        let mut first = true;
         loop {
             // Stop the run while one heartbeat of the lease is still left. Both the wait and the
             // renewal are bounded by that deadline: checking only between renewals could miss
             // it by a whole heartbeat plus a renewal time-out, and keep a zombie run past its
             // lease (seen in the fault suite with lease 6 s, heartbeat 2 s).
             let stop_at = last_ok + lease.saturating_sub(beat);
-            let next = Instant::now() + beat.saturating_sub(Duration::from_millis(10));
-            tokio::time::sleep_until(next.min(stop_at).into()).await;
-            if Instant::now() >= stop_at {
-                let asked = stop.send_if_modified(|s| {
-                    if s.is_none() {
-                        *s = Some(StopReason::LeaseLost);
-                        true
-                    } else {
-                        false
-                    }
-                });
-                if asked {
-                    warn!("lease about to lapse; stopping the run before the coordinator declares it lost");
-                }
+            if !first {
+                let next = Instant::now() + beat.saturating_sub(Duration::from_millis(10));
+                tokio::time::sleep_until(next.min(stop_at).into()).await;
+            }
+            if Instant::now() >= stop_at && ask_stop(&stop, StopReason::LeaseLost) {
+                warn!("lease about to lapse; stopping the run before the coordinator declares it lost");
             }
             let sent = Instant::now();
             let budget = match stop_at.checked_duration_since(sent) {
                 Some(left) if !left.is_zero() => left.min(beat),
                 _ => beat,
             };
+            // The first put creates the lease (expecting no lease yet); every later one renews
+            // exactly the lease we hold.
+            let expect = Some(seq.unwrap_or(0));
             let renewed = tokio::time::timeout(
                 budget,
-                put_with_ttl(&inner, subjects::BUCKET_LEASES, &key, lease, value.clone()),
+                put_with_ttl(
+                    &inner,
+                    subjects::BUCKET_LEASES,
+                    &key,
+                    lease,
+                    value.clone(),
+                    expect,
+                ),
             )
             .await;
+            first = false;
             match renewed {
-                Ok(Ok(())) => last_ok = sent,
+                Ok(Ok(s)) => {
+                    last_ok = sent;
+                    seq = Some(s);
+                }
+                Ok(Err(BusError::Fenced { .. })) => match still_ours(&inner, &key).await {
+                    Ok(Some(s)) => seq = Some(s),
+                    Ok(None) => {
+                        if ask_stop(&stop, StopReason::LeaseLost) {
+                            warn!("the lease lapsed; stopping the run and never renewing it");
+                        }
+                        return;
+                    }
+                    Err(e) => warn!(error = %e, "lease state unknown; retrying"),
+                },
                 Ok(Err(e)) => warn!(error = %e, "lease renewal failed"),
                 Err(_) => warn!("lease renewal timed out"),
+            }
+            let ours = *fence.borrow();
+            if let Some(ours) = ours {
+                if let Ok(last) = turnpike_jetstream::fence::last(&inner.bus, &turn).await {
+                    let why = match turnpike_core::fence::check(last.as_ref(), ours) {
+                        None => None,
+                        Some(turnpike_core::fence::Fenced::Killed) => Some(StopReason::Operator),
+                        Some(turnpike_core::fence::Fenced::Lost) => Some(StopReason::Superseded),
+                    };
+                    if let Some(why) = why {
+                        if ask_stop(&stop, why) {
+                            warn!(?why, "the attempt's fence moved; stopping the run");
+                        }
+                    }
+                }
             }
         }
     })

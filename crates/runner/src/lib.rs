@@ -244,6 +244,7 @@ async fn announce(inner: Arc<Inner>) {
                     inner.id.as_str(),
                     ttl,
                     bytes::Bytes::from(bytes),
+                    None,
                 )
                 .await
                 {

@@ -310,6 +310,7 @@ impl DockerBackend {
                 engine_error(format!("starting the container failed: {e}"))
             };
         }
+        let _ = out.send(Output::Started).await;
         let mut stdin = attach.input;
         let feeder = tokio::spawn(async move {
             // An agent that exits without reading its input is not an error here.

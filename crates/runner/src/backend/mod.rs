@@ -29,6 +29,8 @@ pub struct RunSpec {
 
 #[derive(Debug)]
 pub enum Output {
+    /// The agent is running (its process or container has started): sent once, before output.
+    Started,
     Stdout(Bytes),
     Stderr(Bytes),
 }

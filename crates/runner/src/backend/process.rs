@@ -132,6 +132,8 @@ impl ProcessBackend {
             return engine_error(format!("cannot set the memory limit: {e}"));
         }
 
+        // Only now is the agent running within its limits.
+        let _ = out.send(Output::Started).await;
         let stdin = child.stdin.take();
         let feeder = tokio::spawn(async move {
             if let Some(mut stdin) = stdin {

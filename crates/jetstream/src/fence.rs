@@ -1,0 +1,236 @@
+//! The attempt fence on the wire: read `turnpike.fence.<turn>`'s last marker and move it by
+//! compare-and-set on that subject's last sequence, as `turnpike_core::fence` decides. Every read
+//! goes to the stream leader (the chat-out stream has no direct gets), which holds every
+//! acknowledged marker.
+
+use crate::{decode, Bus, BusError, Publish};
+use async_nats::jetstream::stream::{LastRawMessageErrorKind, Stream};
+use std::time::Duration;
+use turnpike_core::fence::{self, FenceHolder, FenceMarker, Last};
+use turnpike_core::subjects;
+use turnpike_core::wire::{OutboundItem, OutboundKind};
+use turnpike_core::{ChatId, RunnerId, TurnId, FORMAT_VERSION};
+
+/// Compare-and-set rounds before giving up: each lost round means another writer moved the
+/// fence, and there are at most a handful of writers per turn.
+const CAS_ROUNDS: usize = 20;
+
+/// Messages of a chat read at most when counting one attempt's output.
+const MAX_SCAN: usize = 100_000;
+
+async fn stream(bus: &Bus) -> Result<Stream<()>, BusError> {
+    bus.js
+        .get_stream_no_info(subjects::STREAM_CHAT_OUT)
+        .await
+        .map_err(|e| BusError::kv("open chat-out stream", e))
+}
+
+fn read_marker(m: &async_nats::jetstream::message::StreamMessage) -> Last {
+    Last {
+        seq: m.sequence,
+        marker: decode::<FenceMarker>(Some(&m.headers), &m.payload).ok(),
+    }
+}
+
+/// The fence's last marker; `None` if the turn never had one.
+pub async fn last(bus: &Bus, turn: &TurnId) -> Result<Option<Last>, BusError> {
+    let subject = subjects::fence(turn);
+    match stream(bus)
+        .await?
+        .get_last_raw_message_by_subject(&subject)
+        .await
+    {
+        Ok(m) => Ok(Some(read_marker(&m))),
+        Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => Ok(None),
+        Err(e) => Err(BusError::kv(format!("read fence {subject}"), e)),
+    }
+}
+
+/// The marker stored at `seq`, if it is one of this turn's.
+async fn at(bus: &Bus, turn: &TurnId, seq: u64) -> Result<Option<Last>, BusError> {
+    match stream(bus).await?.get_raw_message(seq).await {
+        Ok(m) if m.subject.as_str() == subjects::fence(turn) => Ok(Some(read_marker(&m))),
+        Ok(_) => Ok(None),
+        Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => Ok(None),
+        Err(e) => Err(BusError::kv(format!("read fence marker {seq}"), e)),
+    }
+}
+
+/// Append `holder`'s marker if the fence's last sequence is still `expect`: `Ok(None)` if
+/// another writer moved it first.
+async fn append(
+    bus: &Bus,
+    turn: &TurnId,
+    attempt: u32,
+    holder: FenceHolder,
+    expect: u64,
+) -> Result<Option<u64>, BusError> {
+    let subject = subjects::fence(turn);
+    let marker = FenceMarker {
+        v: FORMAT_VERSION,
+        turn: turn.clone(),
+        attempt,
+        holder,
+        replaces: expect,
+    };
+    let sent = Publish::new(bus.codec, subject.clone(), &marker)?
+        .header(subjects::HDR_TURN, turn.as_str())
+        .header(subjects::HDR_ATTEMPT, &attempt.to_string())
+        .expect_last_on(&subject, expect)
+        .send(&bus.js)
+        .await;
+    match sent {
+        Ok(ack) => Ok(Some(ack.sequence)),
+        Err(BusError::Fenced { .. }) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+fn still_contended(turn: &TurnId) -> BusError {
+    BusError::kv(
+        format!("move fence of {turn}"),
+        format!("still contended after {CAS_ROUNDS} rounds"),
+    )
+}
+
+/// What a runner's attempt to take the fence came to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Taken {
+    /// The fence is ours from this marker's sequence on.
+    Ours(u64),
+    /// The turn was killed before we took it.
+    Killed,
+    /// The attempt was declared lost, or a later one holds the fence.
+    Lost,
+}
+
+/// Take the fence for `attempt` on behalf of `runner` (after claiming it).
+pub async fn take(
+    bus: &Bus,
+    turn: &TurnId,
+    attempt: u32,
+    runner: &RunnerId,
+) -> Result<Taken, BusError> {
+    for _ in 0..CAS_ROUNDS {
+        let last = last(bus, turn).await?;
+        match fence::take(last.as_ref(), attempt, runner) {
+            fence::Take::Append { expect } => {
+                let holder = FenceHolder::Runner {
+                    runner: runner.clone(),
+                };
+                // A publish whose ack is lost is found again as `AlreadyOurs` by the next round.
+                match append(bus, turn, attempt, holder, expect).await {
+                    Ok(Some(seq)) => return Ok(Taken::Ours(seq)),
+                    Ok(None) => continue,
+                    Err(e) => {
+                        tracing::debug!(error = %e, "fence not taken yet; re-reading");
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                    }
+                }
+            }
+            fence::Take::AlreadyOurs { seq } => return Ok(Taken::Ours(seq)),
+            fence::Take::Killed => return Ok(Taken::Killed),
+            fence::Take::Lost => return Ok(Taken::Lost),
+        }
+    }
+    Err(still_contended(turn))
+}
+
+/// What declaring an attempt lost came to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Losing {
+    /// Nothing of the attempt can land from now on. `runner_seq`: its own marker, after which
+    /// its output lies (none: it never took the fence, so nothing of it landed).
+    Fenced { runner_seq: Option<u64> },
+    /// A later attempt holds the fence: the caller's record is stale; change nothing.
+    Stale { current: u32 },
+}
+
+/// Fence `attempt` out, unless a later attempt already holds the fence.
+pub async fn lose(bus: &Bus, turn: &TurnId, attempt: u32) -> Result<Losing, BusError> {
+    for _ in 0..CAS_ROUNDS {
+        let last = last(bus, turn).await?;
+        match fence::lose(last.as_ref(), attempt) {
+            fence::Lose::Append { expect, runner_seq } => {
+                if append(bus, turn, attempt, FenceHolder::Lost, expect)
+                    .await?
+                    .is_some()
+                {
+                    return Ok(Losing::Fenced { runner_seq });
+                }
+            }
+            fence::Lose::AlreadyFenced { replaces } => {
+                let replaced = if replaces == 0 {
+                    None
+                } else {
+                    at(bus, turn, replaces).await?
+                };
+                return Ok(Losing::Fenced {
+                    runner_seq: fence::runner_seq(replaced.as_ref(), attempt),
+                });
+            }
+            fence::Lose::Stale { current } => return Ok(Losing::Stale { current }),
+        }
+    }
+    Err(still_contended(turn))
+}
+
+/// Fence the whole turn out for an operator kill (the current attempt is `attempt`).
+pub async fn kill(bus: &Bus, turn: &TurnId, attempt: u32, by: &str) -> Result<(), BusError> {
+    for _ in 0..CAS_ROUNDS {
+        let last = last(bus, turn).await?;
+        match fence::kill(last.as_ref()) {
+            fence::Kill::Append { expect } => {
+                let holder = FenceHolder::Killed { by: by.to_owned() };
+                if append(bus, turn, attempt, holder, expect).await?.is_some() {
+                    return Ok(());
+                }
+            }
+            fence::Kill::AlreadyKilled => return Ok(()),
+        }
+    }
+    Err(still_contended(turn))
+}
+
+/// The bot messages `attempt` of `turn` landed, with their stream sequences, counted once the
+/// attempt is fenced out (so the count is final). Its output lies after its own marker at
+/// `runner_seq`; each read goes to the stream leader, and any failure is an error, never a
+/// short count.
+pub async fn landed(
+    bus: &Bus,
+    chat: &ChatId,
+    turn: &TurnId,
+    attempt: u32,
+    runner_seq: Option<u64>,
+) -> Result<Vec<u64>, BusError> {
+    let Some(from) = runner_seq else {
+        return Ok(Vec::new());
+    };
+    let stream = stream(bus).await?;
+    let subject = subjects::chat_out(chat);
+    let mut seq = from + 1;
+    let mut out = Vec::new();
+    for _ in 0..MAX_SCAN {
+        let next = stream
+            .raw_message_builder()
+            .sequence(seq)
+            .next_by_subject(subject.clone())
+            .send()
+            .await;
+        let m = match next {
+            Ok(m) => m,
+            Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => return Ok(out),
+            Err(e) => return Err(BusError::kv(format!("count landed messages of {turn}"), e)),
+        };
+        if let Ok(item) = decode::<OutboundItem>(Some(&m.headers), &m.payload) {
+            if &item.turn == turn && item.attempt == attempt && item.kind == OutboundKind::Message {
+                out.push(m.sequence);
+            }
+        }
+        seq = m.sequence + 1;
+    }
+    Err(BusError::kv(
+        format!("count landed messages of {turn}"),
+        format!("more than {MAX_SCAN} messages on {subject} since the attempt began"),
+    ))
+}

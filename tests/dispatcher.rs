@@ -118,7 +118,7 @@ async fn replies_join_history_read_at_their_recorded_location_or_else_by_a_scan(
         })
         .await
         .expect("reset the chat");
-        turnpike_jetstream::chats::release(&p.bus, &variant, 10)
+        turnpike_jetstream::chats::release(&p.bus, &variant, p.bus.history)
             .await
             .expect("release");
         assert_eq!(
@@ -140,7 +140,12 @@ async fn history_is_bounded_by_history_limit() {
     }
     let r = wait_ended(&p.bus, last.as_ref().expect("a turn"), T).await;
     let history: Vec<_> = r.history.iter().map(|h| h.text.as_str()).collect();
-    assert_eq!(history, vec!["r1", "reply:r2", "r2"], "the last 3 entries");
+    let note = turnpike_core::texts::history_cut_note(3);
+    assert_eq!(
+        history,
+        vec![note.as_str(), "r1", "reply:r2", "r2"],
+        "the last 3 entries, behind a note that 3 were left out"
+    );
     p.stop().await;
 }
 
@@ -285,5 +290,69 @@ async fn an_attachment_over_the_limit_gets_a_clear_error_reply() {
     // The refused messages made no turn; the chat is free for the next one.
     let ok = send(&p.bus, "big", "b3", "reply:fine").await;
     assert_eq!(wait_ended(&p.bus, &ok, T).await.state, TurnState::Done);
+    p.stop().await;
+}
+
+/// Issue 16, item 3: a chat whose turns each reply 60 KiB used to wedge for good after about 18
+/// turns (the history, counted in entries only, pushed the chat record and the work item past
+/// NATS's 1 MiB max_payload, and the failure was retried forever). History is bounded in bytes.
+#[tokio::test]
+async fn a_chat_of_long_replies_never_wedges_and_its_history_stays_in_budget() {
+    let p = Pipeline::start(AGENT, |c| c.runner_slots = 1).await;
+    let mut last = None;
+    for i in 0..30 {
+        last = Some(send(&p.bus, "heavy", &format!("h{i}"), "big-reply:61440").await);
+    }
+    let r = wait_ended(
+        &p.bus,
+        last.as_ref().expect("a turn"),
+        Duration::from_secs(120),
+    )
+    .await;
+    assert_eq!(r.state, TurnState::Done);
+    assert_eq!(r.attempts.len(), 1, "answered at once, never retried");
+    let kept: usize = r
+        .history
+        .iter()
+        .filter(|h| h.role != Role::Note)
+        .map(|h| h.text.len())
+        .sum();
+    assert!(kept <= 256 * 1024, "history of {kept} bytes");
+    assert_eq!(r.history[0].role, Role::Note, "it says the history was cut");
+    let replies = visible_items(&p.bus, "heavy")
+        .await
+        .into_iter()
+        .filter(|i| i.kind == OutboundKind::Message)
+        .count();
+    assert_eq!(replies, 30, "every turn replied once");
+    p.stop().await;
+}
+
+/// An inbound message past the size limits is refused with a clear notice, not retried.
+#[tokio::test]
+async fn an_oversize_message_is_refused_with_a_notice() {
+    let p = Pipeline::start(AGENT, |c| {
+        c.message_max_bytes = turnpike_config::ByteSize(1000)
+    })
+    .await;
+    let big = send(&p.bus, "sizes", "s1", &"reply:".repeat(200)).await;
+    let small = send(&p.bus, "sizes", "s2", "reply:fits").await;
+    let r = wait_ended(&p.bus, &small, T).await;
+    assert_eq!(r.state, TurnState::Done);
+    let items = visible_items(&p.bus, "sizes").await;
+    let notice = items
+        .iter()
+        .find(|i| i.turn == big)
+        .expect("a notice for the refused message");
+    assert_eq!(notice.kind, OutboundKind::Notice);
+    assert!(
+        notice.text.contains("1200 bytes; the limit is"),
+        "{}",
+        notice.text
+    );
+    assert!(dead_letters(&p.bus)
+        .await
+        .iter()
+        .any(|(_, reason)| reason.contains("1200 bytes")));
     p.stop().await;
 }

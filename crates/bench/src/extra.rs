@@ -174,7 +174,6 @@ pub async fn docker_overhead(out: &mut String) -> Result<()> {
             chat: chat.clone(),
             attempt: 1,
             max_attempts: 3,
-            prompt: "reply:ok".into(),
             message: inbound(&chat, &id, "reply:ok"),
             history: vec![],
         };

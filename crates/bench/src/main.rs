@@ -638,7 +638,6 @@ fn codecs(out: &mut String) -> Result<()> {
         chat: chat.clone(),
         attempt: 2,
         max_attempts: 3,
-        prompt: "<system-note>…</system-note>\nplease summarise the thread".into(),
         message: inbound(&chat, "m", "please summarise the thread"),
         history,
     };

@@ -103,6 +103,16 @@ pub struct Config {
     pub attachment_max_bytes: ByteSize,
     /// Inbound and bot messages kept as history for a new turn.
     pub history_limit: usize,
+    /// Bytes of message text kept as history: the oldest entries are left out first (with a note
+    /// saying so), so a chat of long replies can never outgrow what NATS carries.
+    pub history_max_bytes: ByteSize,
+    /// Longest inbound message accepted (longer ones are refused with a notice), and longest bot
+    /// message or status line landed (longer ones are cut, with a marker).
+    pub message_max_bytes: ByteSize,
+    /// Attachments one inbound message may list.
+    pub attachments_max: usize,
+    /// Bytes all of one message's attachments may add up to.
+    pub attachments_max_total_bytes: ByteSize,
 
     // --- Runner -------------------------------------------------------------------------------
     /// Stable id of this runner (default: the host name).
@@ -180,6 +190,10 @@ impl Default for Config {
             stop_grace: Duration::from_secs(10),
             attachment_max_bytes: ByteSize(10 * 1024 * 1024),
             history_limit: 50,
+            history_max_bytes: ByteSize(256 * 1024),
+            message_max_bytes: ByteSize(64 * 1024),
+            attachments_max: 16,
+            attachments_max_total_bytes: ByteSize(64 * 1024 * 1024),
             runner_id: None,
             runner_slots: 2,
             runner_backend: Backend::Docker,
@@ -275,6 +289,26 @@ impl Config {
                     "one subject token: no dots, wildcards or white space",
                 ));
             }
+        }
+        // What one work item can carry must stay well inside NATS's default 1 MiB max_payload:
+        // the message, the history and the attachment list, with room for the record around them.
+        const PAYLOAD_BUDGET: u64 = 768 * 1024;
+        if self.message_max_bytes.0 == 0
+            || self.history_max_bytes.0 == 0
+            || self.message_max_bytes.0 + self.history_max_bytes.0 > PAYLOAD_BUDGET
+        {
+            return Err(invalid(
+                "history_max_bytes",
+                format!("{} + message_max_bytes {}", self.history_max_bytes, self.message_max_bytes),
+                "both must be non-zero and add up to at most 768 KiB, so every work item and record fits NATS's 1 MiB max_payload",
+            ));
+        }
+        if self.attachments_max > 256 {
+            return Err(invalid(
+                "attachments_max",
+                self.attachments_max.to_string(),
+                "at most 256 attachments per message",
+            ));
         }
         if self.runner_slots == 0 {
             return Err(invalid(

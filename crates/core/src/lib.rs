@@ -11,6 +11,7 @@
 
 pub mod codec;
 pub mod fence;
+pub mod history;
 pub mod ids;
 pub mod lifecycle;
 pub mod subjects;

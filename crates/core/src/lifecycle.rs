@@ -409,7 +409,6 @@ impl TurnRecord {
             chat: self.chat.clone(),
             attempt,
             max_attempts: self.max_attempts,
-            prompt: texts::prompt_for_attempt(&self.message.text, attempt, self.max_attempts),
             message: self.message.clone(),
             history: self.history.clone(),
         }

@@ -30,9 +30,41 @@ pub fn prompt_for_attempt(text: &str, attempt: u32, of: u32) -> String {
     }
 }
 
+/// `text` cut to at most `max` bytes (at a character boundary), with a marker saying how long it
+/// was; unchanged if it fits. Oversize replies, errors and history entries are cut, never dropped.
+pub fn truncate(text: &str, max: usize) -> std::borrow::Cow<'_, str> {
+    if text.len() <= max {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    let marker = format!(" … [cut: {} bytes in all]", text.len());
+    let mut end = max.saturating_sub(marker.len());
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    std::borrow::Cow::Owned(format!("{}{marker}", &text[..end]))
+}
+
+/// The history entry that stands for entries left out to keep a chat's history in its budget.
+pub fn history_cut_note(dropped: u64) -> String {
+    let noun = if dropped == 1 { "message" } else { "messages" };
+    format!("[{dropped} earlier {noun} of this chat were left out to keep the history within its size limit]")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn truncation_keeps_a_prefix_and_says_how_long_the_text_was() {
+        assert_eq!(truncate("short", 10), "short");
+        let long = "é".repeat(1000); // 2000 bytes
+        let cut = truncate(&long, 100);
+        assert!(cut.len() <= 100, "{}", cut.len());
+        assert!(cut.ends_with(" … [cut: 2000 bytes in all]"), "{cut}");
+        assert!(cut.starts_with("éé"));
+        // A bound smaller than the marker still yields the marker alone, never a panic.
+        assert_eq!(truncate(&long, 3), " … [cut: 2000 bytes in all]");
+    }
 
     #[test]
     fn exact_texts() {

@@ -13,6 +13,10 @@ fn v1() -> u16 {
     FORMAT_VERSION
 }
 
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
 /// Implemented by every versioned payload so the codec can check `v` in one place.
 pub trait Versioned {
     fn version(&self) -> u16;
@@ -67,6 +71,8 @@ pub struct InboundMessage {
 pub enum Role {
     User,
     Bot,
+    /// Written by Turnpike, not said by anyone: e.g. that earlier history was left out.
+    Note,
 }
 
 /// One line of conversation history, snapshotted when the turn is created.
@@ -87,8 +93,8 @@ pub struct WorkItem {
     pub attempt: u32,
     /// The attempt limit of this turn, `max(MAX_TURN_RETRY, 1)` as stored when it was created.
     pub max_attempts: u32,
-    /// The message text, behind the retry preamble from attempt 2 on.
-    pub prompt: String,
+    /// The message, whose text the agent's prompt is made from (see [`WorkItem::prompt`]): the
+    /// text is carried once, not again as a prompt.
     pub message: InboundMessage,
     #[serde(default)]
     pub history: Vec<HistoryEntry>,
@@ -110,6 +116,13 @@ pub struct AgentInput {
     pub attachments: Vec<String>,
 }
 
+impl WorkItem {
+    /// The prompt the agent sees: the message text, behind the retry preamble from attempt 2 on.
+    pub fn prompt(&self) -> String {
+        crate::texts::prompt_for_attempt(&self.message.text, self.attempt, self.max_attempts)
+    }
+}
+
 impl AgentInput {
     pub fn from_work(work: &WorkItem, attachment_paths: Vec<String>) -> Self {
         AgentInput {
@@ -118,7 +131,7 @@ impl AgentInput {
             chat: work.chat.clone(),
             attempt: work.attempt,
             max_attempts: work.max_attempts,
-            prompt: work.prompt.clone(),
+            prompt: work.prompt(),
             message: work.message.clone(),
             history: work.history.clone(),
             attachments: attachment_paths,
@@ -349,6 +362,9 @@ pub struct ChatRecord {
     /// The last `history_limit` user and bot messages of ended turns (no notices, no status).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub history: Vec<HistoryEntry>,
+    /// Entries left out of `history` over the chat's life to keep it within its budget.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub history_dropped: u64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub errored: Option<ChatError>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -447,7 +463,6 @@ mod tests {
             chat: chat(),
             attempt: 2,
             max_attempts: 3,
-            prompt: "<system-note>…</system-note>\nhello".into(),
             message: inbound(),
             history: vec![
                 HistoryEntry {
@@ -536,6 +551,7 @@ mod tests {
                 role: Role::User,
                 text: "q".into(),
             }],
+            history_dropped: 3,
             errored: Some(ChatError {
                 turn: turn(),
                 at,

@@ -157,7 +157,7 @@ impl Dispatcher {
     }
 
     async fn create_turn(&self, turn: TurnId, inbound: InboundMessage) -> Result<(), ApplyError> {
-        if let Some(reason) = self.check_attachments(&inbound).await {
+        if let Some(reason) = self.check_attachments(&inbound).await? {
             return self.reply_error(&turn, &inbound, &reason).await;
         }
         // Created waiting; it starts when it is its chat's turn (at once if the chat is idle),
@@ -184,29 +184,64 @@ impl Dispatcher {
         Ok(())
     }
 
-    /// Every attachment must exist in the object store and fit the size limit.
-    async fn check_attachments(&self, inbound: &InboundMessage) -> Option<String> {
-        let max = self.config.attachment_max_bytes;
+    /// The message must fit the size limits, and every attachment must exist in the object
+    /// store and fit them too: `Ok(Some(reason))` refuses it. An object store that does not
+    /// answer is an error (the message is retried), never a refusal.
+    async fn check_attachments(
+        &self,
+        inbound: &InboundMessage,
+    ) -> Result<Option<String>, BusError> {
+        let c = &self.config;
+        if inbound.text.len() as u64 > c.message_max_bytes.0 {
+            return Ok(Some(format!(
+                "the message is {} bytes; the limit is {}",
+                inbound.text.len(),
+                c.message_max_bytes
+            )));
+        }
+        if inbound.attachments.len() > c.attachments_max {
+            return Ok(Some(format!(
+                "the message lists {} attachments; the limit is {}",
+                inbound.attachments.len(),
+                c.attachments_max
+            )));
+        }
+        let max = c.attachment_max_bytes;
+        let mut total = 0u64;
         for a in &inbound.attachments {
             match self.bus.attachments.info(&a.object).await {
                 Ok(info) if info.size as u64 > max.0 => {
-                    return Some(format!(
+                    return Ok(Some(format!(
                         "attachment {:?} is {} bytes; the limit is {max}",
                         a.name, info.size
-                    ))
+                    )))
                 }
-                Ok(_) => {}
-                Err(e) => {
-                    return Some(format!(
-                        "attachment {:?} (object {:?}) is not in the object store {}: {e}",
+                Ok(info) => total += info.size as u64,
+                Err(e)
+                    if e.kind() == async_nats::jetstream::object_store::InfoErrorKind::NotFound =>
+                {
+                    return Ok(Some(format!(
+                        "attachment {:?} (object {:?}) is not in the object store {}",
                         a.name,
                         a.object,
                         subjects::OBJECTS_ATTACHMENTS
+                    )))
+                }
+                Err(e) => {
+                    return Err(BusError::kv(
+                        format!("look up attachment {:?}", a.object),
+                        e,
                     ))
                 }
             }
         }
-        None
+        if total > c.attachments_max_total_bytes.0 {
+            return Ok(Some(format!(
+                "the attachments add up to {total} bytes; the limit is {}",
+                c.attachments_max_total_bytes
+            )));
+        }
+        Ok(None)
     }
 
     /// Refuse a message with a clear notice on the chat's outbound subject, and a dead letter.

@@ -22,6 +22,7 @@ fn empty(chat: &ChatId) -> ChatRecord {
         live: None,
         waiting: Vec::new(),
         history: Vec::new(),
+        history_dropped: 0,
         errored: None,
         cleared: Vec::new(),
     }
@@ -114,17 +115,14 @@ pub async fn join(
 pub async fn release(
     bus: &Bus,
     record: &TurnRecord,
-    history_limit: usize,
+    budget: turnpike_core::history::Budget,
 ) -> Result<Option<(TurnId, Vec<HistoryEntry>)>, BusError> {
-    // Read outside the CAS loop: the replies are settled once the turn has ended.
-    let was_live = bus
-        .chats
-        .get(record.chat.as_str())
-        .await
-        .ok()
-        .flatten()
-        .and_then(|v| decode_kv::<ChatRecord>(&v).ok())
-        .is_some_and(|c| c.live.as_ref() == Some(&record.turn));
+    // Read outside the CAS loop: the replies are settled once the turn has ended. A failed read
+    // is an error (retried), never "not live": that would drop the turn's replies from history.
+    let was_live = update(bus, &record.chat, |c| {
+        (false, c.live.as_ref() == Some(&record.turn))
+    })
+    .await?;
     let replies = if was_live && record.attempts.iter().any(|a| a.started_at.is_some()) {
         bot_messages(bus, record).await?
     } else {
@@ -133,16 +131,15 @@ pub async fn release(
     update(bus, &record.chat, |c| {
         let mut changed = false;
         if c.live.as_ref() == Some(&record.turn) {
-            c.history.push(HistoryEntry {
+            let said = std::iter::once(HistoryEntry {
                 role: Role::User,
                 text: record.message.text.clone(),
-            });
-            c.history.extend(replies.iter().map(|text| HistoryEntry {
+            })
+            .chain(replies.iter().map(|text| HistoryEntry {
                 role: Role::Bot,
                 text: text.clone(),
             }));
-            let excess = c.history.len().saturating_sub(history_limit);
-            c.history.drain(..excess);
+            turnpike_core::history::append(&mut c.history, &mut c.history_dropped, said, budget);
             c.live = if c.waiting.is_empty() {
                 None
             } else {

@@ -46,8 +46,8 @@ pub struct Bus {
     pub live: kv::Store,
     pub runners: kv::Store,
     pub attachments: object_store::ObjectStore,
-    /// History entries kept per chat (`history_limit`).
-    pub history_limit: usize,
+    /// History kept per chat (`history_limit`, `history_max_bytes`).
+    pub history: turnpike_core::history::Budget,
 }
 
 impl Bus {
@@ -110,7 +110,10 @@ impl Bus {
                 .get_object_store(subjects::OBJECTS_ATTACHMENTS)
                 .await
                 .map_err(|e| BusError::bucket(subjects::OBJECTS_ATTACHMENTS, e))?,
-            history_limit: config.history_limit,
+            history: turnpike_core::history::Budget {
+                entries: config.history_limit,
+                bytes: config.history_max_bytes.0 as usize,
+            },
             client,
             js,
         })

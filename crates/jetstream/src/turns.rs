@@ -351,9 +351,7 @@ pub async fn execute(bus: &Bus, record: &TurnRecord, effect: &Effect) -> Result<
                 .send(&bus.js)
                 .await?;
             // The chat's next turn goes.
-            if let Some((next, history)) =
-                crate::chats::release(bus, record, bus.history_limit).await?
-            {
+            if let Some((next, history)) = crate::chats::release(bus, record, bus.history).await? {
                 if &next != turn {
                     admit(bus, &next, history).await?;
                 }

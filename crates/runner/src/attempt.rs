@@ -383,6 +383,7 @@ impl Lander<'_> {
         if self.fenced {
             return;
         }
+        let text = self.bounded(text);
         let seq = self.landed + 1;
         let item = OutboundItem {
             v: FORMAT_VERSION,
@@ -453,7 +454,23 @@ impl Lander<'_> {
         }
     }
 
+    /// Text cut to `message_max_bytes`, with a marker: a long reply is shown cut, never dropped.
+    fn bounded(&self, text: String) -> String {
+        let max = self.inner.config.message_max_bytes.0 as usize;
+        match turnpike_core::texts::truncate(&text, max) {
+            std::borrow::Cow::Borrowed(_) => text,
+            std::borrow::Cow::Owned(cut) => {
+                warn!(
+                    len = text.len(),
+                    max, "agent message over the limit; landing it cut"
+                );
+                cut
+            }
+        }
+    }
+
     async fn status(&mut self, text: String) {
+        let text = self.bounded(text);
         self.status_seq += 1;
         let bus = &self.inner.bus;
         let item = OutboundItem {
@@ -509,6 +526,15 @@ pub(crate) async fn fence_stop(inner: &Inner, work: &WorkItem, ours: u64) -> Sto
 /// Fetch the message's attachments from the object store, within the size limit.
 async fn fetch_attachments(inner: &Inner, work: &WorkItem) -> Result<Vec<(String, Bytes)>, String> {
     let max = inner.config.attachment_max_bytes.0;
+    let max_total = inner.config.attachments_max_total_bytes.0;
+    if work.message.attachments.len() > inner.config.attachments_max {
+        return Err(format!(
+            "the message lists {} attachments; the limit is {}",
+            work.message.attachments.len(),
+            inner.config.attachments_max
+        ));
+    }
+    let mut total = 0u64;
     let mut out = Vec::new();
     for a in &work.message.attachments {
         let mut obj = inner.bus.attachments.get(&a.object).await.map_err(|e| {
@@ -523,6 +549,13 @@ async fn fetch_attachments(inner: &Inner, work: &WorkItem) -> Result<Vec<(String
                 a.name,
                 obj.info().size,
                 inner.config.attachment_max_bytes
+            ));
+        }
+        total += obj.info().size as u64;
+        if total > max_total {
+            return Err(format!(
+                "the attachments add up to more than {}",
+                inner.config.attachments_max_total_bytes
             ));
         }
         let mut data = Vec::new();

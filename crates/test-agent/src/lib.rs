@@ -15,6 +15,7 @@
 //! | `status:<n>` | sends n status lines, then replies |
 //! | `garbage` | prints invalid and oversize lines, then replies |
 //! | `flood:<n>` | sends n messages |
+//! | `big-reply:<n>` | replies one message of n bytes |
 //! | `attachments` | replies, per attachment, its path, size and FNV-1a hash (tests check bytes) |
 //! | anything else | echoes the text back |
 //!
@@ -226,6 +227,11 @@ pub fn run() -> ! {
         }
         "attachments" => {
             message(&attachment_summary());
+            result_ok();
+        }
+        "big-reply" => {
+            let n = number("big-reply") as usize;
+            reply(&"b".repeat(n));
             result_ok();
         }
         "flood" => {

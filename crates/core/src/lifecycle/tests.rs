@@ -284,7 +284,7 @@ fn row_death_without_reply_retries_after_flat_delay_then_gives_up() {
                     );
                     let w = r.work_item(k + 1);
                     assert_eq!(
-                        w.prompt,
+                        w.prompt(),
                         format!("{}\nhello", texts::retry_preamble(k + 1, limit))
                     );
                     assert_eq!(w.message, r.message, "same message and attachments");

@@ -88,3 +88,54 @@ async fn a_retry_whose_runner_dies_between_claim_and_start_is_retried_again() {
         r.stop().await;
     }
 }
+
+/// Item 10: a kill that lands between the dispatcher's create and its join used to leave the
+/// killed turn as its chat's live turn forever, so the chat's next message never ran.
+#[tokio::test]
+async fn a_turn_killed_before_it_joined_its_chat_does_not_wedge_the_chat() {
+    init_logs();
+    let server = NatsServer::start();
+    let proxy = CutProxy::start(server.port()).await;
+    let config = test_config(&server, AGENT);
+    // The dispatcher's every round trip is slow, so the kill lands between its steps.
+    proxy.set_delay(Duration::from_millis(300));
+    let dispatcher = start_dispatcher(&turnpike_config::Config {
+        nats_url: proxy.url(),
+        ..config.clone()
+    })
+    .await;
+    let roles = [
+        start_coordinator(&config).await,
+        start_runner(&config).await,
+    ];
+    let bus = Bus::connect(&config, "test").await.expect("bus");
+    let first = TurnId::for_message(&ChatId::new("chat-w").expect("chat"), "m-1");
+    let mut created = bus.turns.watch(first.as_str()).await.expect("watch");
+    send(&bus, "chat-w", "m-1", "hang").await;
+    created.next().await.expect("created").expect("entry");
+    let reply = ops(
+        &bus,
+        subjects::OPS_KILL,
+        serde_json::json!({"v": 1, "by": "tester", "turn": first}),
+    )
+    .await;
+    assert!(reply.ok, "{reply:?}");
+    let second = send(&bus, "chat-w", "m-2", "reply:after the kill").await;
+    let r = wait_ended(&bus, &second, T).await;
+    assert_eq!(r.state, TurnState::Done, "{r:#?}");
+    let killed = wait_ended(&bus, &first, T).await;
+    assert_eq!(killed.state, TurnState::Killed);
+    assert!(killed.attempts.is_empty(), "it never ran: {killed:#?}");
+    let chat =
+        turnpike_jetstream::chats::update(&bus, &ChatId::new("chat-w").expect("chat"), |c| {
+            (false, c.clone())
+        })
+        .await
+        .expect("chat record");
+    assert_eq!(chat.live, None, "{chat:#?}");
+    assert!(chat.waiting.is_empty(), "{chat:#?}");
+    dispatcher.stop().await;
+    for r in roles {
+        r.stop().await;
+    }
+}

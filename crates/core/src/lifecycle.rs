@@ -510,10 +510,17 @@ pub fn apply(record: &TurnRecord, event: &Event, now: Timestamp) -> Result<Step,
                 if r.attempt > 0 {
                     effects.push(Effect::CancelAttempt { attempt: r.attempt });
                 }
-                effects.extend(finish(
+                // A pending retry's attempt is only scheduled: it is cancelled, not made.
+                let made = if r.state == TurnState::PendingRetry {
+                    r.attempt - 1
+                } else {
+                    r.attempt
+                };
+                effects.extend(finish_after(
                     &mut r,
                     TurnState::Killed,
                     OutcomeReason::OperatorKilled,
+                    made,
                     now,
                 ));
                 effects
@@ -611,7 +618,18 @@ fn finish(
     reason: OutcomeReason,
     now: Timestamp,
 ) -> Vec<Effect> {
-    let attempts = r.attempt;
+    let made = r.attempt;
+    finish_after(r, state, reason, made, now)
+}
+
+/// [`finish`], after `attempts` attempts were actually made.
+fn finish_after(
+    r: &mut TurnRecord,
+    state: TurnState,
+    reason: OutcomeReason,
+    attempts: u32,
+    now: Timestamp,
+) -> Vec<Effect> {
     r.state = state;
     r.next_attempt_due = None;
     r.outcome = Some(Outcome {

@@ -130,7 +130,19 @@ pub async fn release(
     };
     update(bus, &record.chat, |c| {
         let mut changed = false;
-        if c.live.as_ref() == Some(&record.turn) {
+        let ran = record
+            .attempts
+            .iter()
+            .any(|a| a.started_at.is_some() || a.exit.is_some());
+        if c.live.as_ref() == Some(&record.turn) && !ran {
+            // Ended before it ever ran (killed while queued): nothing was said.
+            c.live = if c.waiting.is_empty() {
+                None
+            } else {
+                Some(c.waiting.remove(0))
+            };
+            changed = true;
+        } else if c.live.as_ref() == Some(&record.turn) {
             let said = std::iter::once(HistoryEntry {
                 role: Role::User,
                 text: record.message.text.clone(),

@@ -210,12 +210,29 @@ pub async fn admit(
     turn: &TurnId,
     history: Vec<turnpike_core::wire::HistoryEntry>,
 ) -> Result<(), BusError> {
-    let applied = match apply_event(bus, turn, &Event::Admitted { history }).await {
-        Ok(a) => a,
-        Err(ApplyError::Bus(e)) => return Err(e),
-        Err(e) => {
-            warn!(turn_id = %turn, error = %e, "could not admit the chat's next turn");
-            return Ok(());
+    let mut turn = turn.clone();
+    let mut history = history;
+    let applied = loop {
+        let applied = match apply_event(bus, &turn, &Event::Admitted { history }).await {
+            Ok(a) => a,
+            Err(ApplyError::Bus(e)) => return Err(e),
+            Err(e) => {
+                warn!(turn_id = %turn, error = %e, "could not admit the chat's next turn");
+                return Ok(());
+            }
+        };
+        let Applied::Unchanged(Unchanged::AlreadyEnded { .. }, current) = &applied else {
+            break applied;
+        };
+        // Ended before it could start (killed between its creation and its joining the chat):
+        // it must not hold its chat. Let it go, and admit the chat's next turn instead.
+        debug!(turn_id = %turn, "the chat's next turn had already ended; releasing it");
+        match crate::chats::release(bus, &current.record, bus.history).await? {
+            Some((next, h)) if next != turn => {
+                turn = next;
+                history = h;
+            }
+            _ => return Ok(()),
         }
     };
     // Boxed: carrying out this outbox may end in another Ended effect (recursion).

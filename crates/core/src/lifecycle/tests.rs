@@ -450,6 +450,8 @@ fn kill_during_pending_retry_cancels_the_scheduled_attempt() {
         at(2),
     );
     assert_eq!(r.state, TurnState::Killed);
+    // One attempt was made; the scheduled second one never ran.
+    assert_eq!(r.outcome.as_ref().map(|o| o.attempts), Some(1));
     assert_eq!(
         effects,
         vec![

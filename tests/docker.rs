@@ -347,3 +347,116 @@ async fn attachments_are_copied_into_the_container() {
     }
     assert!(containers_of(runner_id).await.is_empty());
 }
+
+/// Issue 16, item 5: a runner killed right after its agent's reply landed, before it could report
+/// that, restarts and reaps the leftover container. Its report of the orphan used to say "nothing
+/// landed", and the turn was retried after a reply (the user got two). It now fences the attempt
+/// out and counts what landed first.
+#[tokio::test]
+async fn a_restarted_runner_counts_what_its_orphan_landed_before_reporting_it() {
+    use futures::StreamExt;
+    let runner_id = "dt-orphan-reply";
+    let server = NatsServer::start();
+    let proxy = turnpike_testkit::CutProxy::start(server.port()).await;
+    // A lease far longer than the restart takes: the restarted runner's report of its orphan,
+    // not the sweep, settles the attempt.
+    let config = Config {
+        max_turn_retry: 3,
+        lease: Duration::from_secs(40),
+        heartbeat: Duration::from_secs(5),
+        ..docker_config(&server, runner_id)
+    };
+    let roles = [
+        start_dispatcher(&config).await,
+        start_coordinator(&config).await,
+    ];
+    let bus = Bus::connect(&config, "test").await.expect("bus");
+    let chat = turnpike_core::ChatId::new(runner_id).expect("chat");
+    let mut out = bus
+        .client
+        .subscribe(turnpike_core::subjects::chat_out(&chat))
+        .await
+        .expect("subscribe");
+    // The runner's round trips are slow: its reply's ack, and so its report of the reply, is
+    // still on the way when the reply is stored.
+    proxy.set_delay(Duration::from_millis(300));
+    let mut runner = RoleProcess::start(
+        env!("CARGO_BIN_EXE_test-role"),
+        "runner",
+        &Config {
+            nats_url: proxy.url(),
+            ..config.clone()
+        },
+    );
+    let turn = send(&bus, runner_id, "m-1", "reply-then-hang").await;
+    loop {
+        let m = out.next().await.expect("outbound");
+        let item: turnpike_core::wire::OutboundItem =
+            turnpike_jetstream::decode(m.headers.as_ref(), &m.payload).expect("item");
+        if item.kind == OutboundKind::Message {
+            break;
+        }
+    }
+    runner.kill9();
+    assert!(
+        !containers_of(runner_id).await.is_empty(),
+        "its container outlives it"
+    );
+    // Restarted at once under the same id (and without the delay), before its lease lapses.
+    let mut restarted = RoleProcess::start(env!("CARGO_BIN_EXE_test-role"), "runner", &config);
+    let record = wait_ended(&bus, &turn, T).await;
+    assert_eq!(record.state, TurnState::Failed, "{record:#?}");
+    assert_eq!(
+        record.attempts.len(),
+        1,
+        "no retry after a reply: {record:#?}"
+    );
+    assert_eq!(record.attempts[0].messages_landed, 1);
+    let exit = record.attempts[0].exit.as_ref().expect("exit");
+    assert_eq!(exit.class, ExitClass::RunnerLost);
+    assert_eq!(
+        exit.error.as_deref(),
+        Some("the runner restarted while the attempt ran"),
+        "settled by the restarted runner, not by the lease sweep"
+    );
+    eventually(T, "the orphan reaped", || async {
+        containers_of(runner_id).await.is_empty().then_some(())
+    })
+    .await;
+    let replies = visible_items(&bus, runner_id)
+        .await
+        .into_iter()
+        .filter(|i| i.kind == OutboundKind::Message)
+        .count();
+    assert_eq!(replies, 1);
+    restarted.kill9();
+    for r in roles {
+        r.stop().await;
+    }
+}
+
+/// Issue 16, security: an agent can change nothing of its image; it writes to its small /tmp.
+#[tokio::test]
+async fn the_agent_writes_only_to_its_tmp() {
+    let runner_id = "dt-readonly";
+    let (_server, _config, roles, bus) = docker_stack(runner_id, true).await;
+    let root = send(&bus, runner_id, "m-1", "write-file:/agent-was-here").await;
+    let tmp = send(&bus, runner_id, "m-2", "write-file:/tmp/scratch").await;
+    for t in [&root, &tmp] {
+        assert_eq!(wait_ended(&bus, t, T).await.state, TurnState::Done);
+    }
+    let texts: Vec<_> = visible_items(&bus, runner_id)
+        .await
+        .into_iter()
+        .map(|i| i.text)
+        .collect();
+    assert!(
+        texts[0].starts_with("refused /agent-was-here: ") && texts[0].contains("Read-only"),
+        "{texts:?}"
+    );
+    assert_eq!(texts[1], "wrote /tmp/scratch");
+    assert!(containers_of(runner_id).await.is_empty());
+    for r in roles {
+        r.stop().await;
+    }
+}

@@ -310,6 +310,31 @@ impl Config {
                 "at most 256 attachments per message",
             ));
         }
+        // Agent containers run someone's code: never as root, never on the host's network,
+        // never without a process limit.
+        let user = self.agent_user.trim();
+        let uid = user.split(':').next().unwrap_or("");
+        if uid.is_empty() || uid == "0" || uid == "root" {
+            return Err(invalid(
+                "agent_user",
+                format!("{:?}", self.agent_user),
+                "agent containers must run as a non-root user, e.g. 65534:65534",
+            ));
+        }
+        if self.network_mode.trim() == "host" {
+            return Err(invalid(
+                "network_mode",
+                "host".into(),
+                "agent containers may not share the host's network; use none, bridge or a network name",
+            ));
+        }
+        if self.pids_limit <= 0 {
+            return Err(invalid(
+                "pids_limit",
+                self.pids_limit.to_string(),
+                "agent containers need a positive process limit",
+            ));
+        }
         if self.runner_slots == 0 {
             return Err(invalid(
                 "runner_slots",

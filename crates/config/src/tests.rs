@@ -169,3 +169,57 @@ fn an_inbox_prefix_is_one_subject_token() {
         assert!(err.contains("nats_inbox_prefix"), "{bad:?}: {err}");
     }
 }
+
+#[test]
+fn unsafe_container_settings_and_unfitting_limits_are_refused() {
+    let refused = |c: Config, key: &str| {
+        let err = c.validate().expect_err(key).to_string();
+        assert!(err.contains(key), "{err}");
+    };
+    for user in ["0", "0:0", "root", "", " "] {
+        refused(
+            Config {
+                agent_user: user.into(),
+                ..Config::default()
+            },
+            "agent_user",
+        );
+    }
+    refused(
+        Config {
+            network_mode: "host".into(),
+            ..Config::default()
+        },
+        "network_mode",
+    );
+    for pids in [0, -1] {
+        refused(
+            Config {
+                pids_limit: pids,
+                ..Config::default()
+            },
+            "pids_limit",
+        );
+    }
+    refused(
+        Config {
+            history_max_bytes: ByteSize(1 << 20),
+            ..Config::default()
+        },
+        "history_max_bytes",
+    );
+    refused(
+        Config {
+            message_max_bytes: ByteSize(0),
+            ..Config::default()
+        },
+        "history_max_bytes",
+    );
+    assert!(Config {
+        agent_user: "1000:1000".into(),
+        network_mode: "bridge".into(),
+        ..Config::default()
+    }
+    .validate()
+    .is_ok());
+}

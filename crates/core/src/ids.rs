@@ -139,29 +139,45 @@ impl TurnId {
 }
 
 impl RunnerId {
-    /// Turn any host name into a valid runner id: invalid characters become '-'.
+    /// Turn any host name into a valid runner id: a valid one is kept as it is; otherwise
+    /// invalid characters become '-' and a short hash of the whole name is appended, so two
+    /// names that differ only where they were cleaned (`a.b`, `a/b`) never share an id (a
+    /// runner's restart reaps the containers of its id: a shared one would kill another's runs).
     pub fn sanitized(raw: &str) -> RunnerId {
+        let valid = |c: char| c.is_ascii_alphanumeric() || c == '_' || c == '-';
+        if !raw.is_empty() && raw.len() <= Self::MAX_LEN && raw.chars().all(valid) {
+            return RunnerId(raw.to_owned());
+        }
+        let digest = Sha256::digest(raw.as_bytes());
+        let tag: String = digest.iter().take(4).map(|b| format!("{b:02x}")).collect();
         let mut s: String = raw
             .chars()
-            .map(|c| {
-                if c.is_ascii_alphanumeric() || c == '_' || c == '-' {
-                    c
-                } else {
-                    '-'
-                }
-            })
-            .take(Self::MAX_LEN)
+            .map(|c| if valid(c) { c } else { '-' })
+            .take(Self::MAX_LEN - tag.len() - 1)
             .collect();
         if s.is_empty() {
             s.push_str("runner");
         }
-        RunnerId(s)
+        RunnerId(format!("{s}-{tag}"))
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sanitized_runner_ids_keep_valid_names_and_never_collide() {
+        assert_eq!(RunnerId::sanitized("host-1").as_str(), "host-1");
+        let a = RunnerId::sanitized("a.b");
+        let b = RunnerId::sanitized("a/b");
+        assert_ne!(a, b);
+        assert!(a.as_str().starts_with("a-b-"), "{a}");
+        assert!(RunnerId::new(a.as_str()).is_ok());
+        let long = RunnerId::sanitized(&"x.".repeat(200));
+        assert!(RunnerId::new(long.as_str()).is_ok(), "{long}");
+        assert!(RunnerId::new(RunnerId::sanitized("").as_str()).is_ok());
+    }
 
     #[test]
     fn chat_ids_follow_the_contract() {
@@ -203,10 +219,9 @@ mod tests {
 
     #[test]
     fn runner_ids_are_sanitised() {
-        assert_eq!(
-            RunnerId::sanitized("host.example.com").as_str(),
-            "host-example-com"
-        );
-        assert_eq!(RunnerId::sanitized("").as_str(), "runner");
+        let h = RunnerId::sanitized("host.example.com");
+        assert!(h.as_str().starts_with("host-example-com-"), "{h}");
+        assert_eq!(h, RunnerId::sanitized("host.example.com"), "stable");
+        assert!(RunnerId::sanitized("").as_str().starts_with("runner-"));
     }
 }

@@ -16,6 +16,8 @@
 //! | `garbage` | prints invalid and oversize lines, then replies |
 //! | `flood:<n>` | sends n messages |
 //! | `big-reply:<n>` | replies one message of n bytes |
+//! | `reply-then-hang` | replies, then hangs |
+//! | `write-file:<path>` | tries to create `<path>`; replies `wrote <path>` or `refused <path>: <error>` |
 //! | `attachments` | replies, per attachment, its path, size and FNV-1a hash (tests check bytes) |
 //! | anything else | echoes the text back |
 //!
@@ -228,6 +230,18 @@ pub fn run() -> ! {
         "attachments" => {
             message(&attachment_summary());
             result_ok();
+        }
+        "write-file" => {
+            let path = arg.unwrap_or("/");
+            match std::fs::write(path, b"x") {
+                Ok(()) => reply(&format!("wrote {path}")),
+                Err(e) => reply(&format!("refused {path}: {e}")),
+            }
+            result_ok();
+        }
+        "reply-then-hang" => {
+            reply("an answer, then silence");
+            hang();
         }
         "big-reply" => {
             let n = number("big-reply") as usize;

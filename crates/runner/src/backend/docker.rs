@@ -10,7 +10,7 @@ use crate::backend::process::wait_stop;
 use crate::classify::{RawExit, StopReason};
 use bollard::container::LogOutput;
 use bollard::errors::Error as DockerError;
-use bollard::models::{ContainerCreateBody, HostConfig};
+use bollard::models::{ContainerCreateBody, HostConfig, HostConfigLogConfig, Mount, MountType};
 use bollard::query_parameters::{
     AttachContainerOptions, AttachContainerOptionsBuilder, CreateContainerOptionsBuilder,
     EventsOptionsBuilder, ListContainersOptionsBuilder, RemoveContainerOptionsBuilder,
@@ -39,6 +39,8 @@ pub const LABEL_CHAT: &str = "turnpike.chat";
 
 /// Where attachments appear inside the container.
 pub const ATTACHMENT_DIR: &str = "/turnpike/attachments";
+/// Size of the agent's writable /tmp (a tmpfs, so it counts against the memory limit).
+const TMP_BYTES: u64 = 64 << 20;
 
 /// How long a single engine call may take before it counts as an engine failure.
 const ENGINE_TIMEOUT: Duration = Duration::from_secs(60);
@@ -189,6 +191,28 @@ impl DockerBackend {
                 network_mode: Some(self.network_mode.clone()),
                 cap_drop: Some(vec!["ALL".to_owned()]),
                 security_opt: Some(vec!["no-new-privileges".to_owned()]),
+                // Nothing of the image can be changed: the agent writes to a small /tmp in
+                // memory (counted against its memory limit), and reads its attachments from an
+                // anonymous volume (the engine copies into a volume even on a read-only root;
+                // it goes with the container, which is removed with its volumes).
+                readonly_rootfs: Some(true),
+                tmpfs: Some(HashMap::from([(
+                    "/tmp".to_owned(),
+                    format!("rw,noexec,nosuid,size={TMP_BYTES}"),
+                )])),
+                mounts: Some(vec![Mount {
+                    target: Some(ATTACHMENT_DIR.to_owned()),
+                    typ: Some(MountType::VOLUME),
+                    ..Default::default()
+                }]),
+                // The engine keeps what the agent prints in the container's log too: bounded.
+                log_config: Some(HostConfigLogConfig {
+                    typ: Some("json-file".to_owned()),
+                    config: Some(HashMap::from([
+                        ("max-size".to_owned(), "10m".to_owned()),
+                        ("max-file".to_owned(), "1".to_owned()),
+                    ])),
+                }),
                 auto_remove: Some(false),
                 ..Default::default()
             }),
@@ -254,7 +278,9 @@ impl DockerBackend {
                 Ok(t) => t,
                 Err(e) => return engine_error(format!("cannot pack attachments: {e}")),
             };
-            let opts = UploadToContainerOptionsBuilder::new().path("/").build();
+            let opts = UploadToContainerOptionsBuilder::new()
+                .path(ATTACHMENT_DIR)
+                .build();
             if let Err(e) = self
                 .docker
                 .upload_to_container(id, Some(opts), bollard::body_full(Bytes::from(tar)))
@@ -438,27 +464,16 @@ fn is_refusal(e: &DockerError) -> bool {
     }
 }
 
-/// A tar archive with `turnpike/attachments/<name>` for each attachment, readable by any user.
+/// A tar archive with one `<name>` per attachment (unpacked in ATTACHMENT_DIR), readable by any user.
 fn attachments_tar(files: &[(String, Bytes)]) -> std::io::Result<Vec<u8>> {
     let mut builder = tar::Builder::new(Vec::new());
-    for dir in ["turnpike/", "turnpike/attachments/"] {
-        let mut h = tar::Header::new_gnu();
-        h.set_entry_type(tar::EntryType::Directory);
-        h.set_mode(0o755);
-        h.set_size(0);
-        h.set_cksum();
-        builder.append_data(&mut h, dir, std::io::empty())?;
-    }
+    // Unpacked at ATTACHMENT_DIR, the container's attachments volume.
     for (name, content) in files {
         let mut h = tar::Header::new_gnu();
         h.set_mode(0o644);
         h.set_size(content.len() as u64);
         h.set_cksum();
-        builder.append_data(
-            &mut h,
-            format!("turnpike/attachments/{name}"),
-            content.as_ref(),
-        )?;
+        builder.append_data(&mut h, name, content.as_ref())?;
     }
     builder.into_inner()
 }

@@ -7,7 +7,7 @@ use turnpike_core::subjects;
 use turnpike_core::wire::ExitClass;
 use turnpike_core::{ChatId, TurnId};
 use turnpike_jetstream::Bus;
-use turnpike_testkit::{CutProxy, NatsServer};
+use turnpike_testkit::{eventually, CutProxy, NatsServer};
 use turnpike_tests::*;
 
 const AGENT: &str = env!("CARGO_BIN_EXE_test-agent");
@@ -138,4 +138,95 @@ async fn a_turn_killed_before_it_joined_its_chat_does_not_wedge_the_chat() {
     for r in roles {
         r.stop().await;
     }
+}
+
+/// Item 4: once the server says a lease lapsed, the runner never renews it again and stops its
+/// run; it used to re-create the lease with its next renewal and keep a zombie run going beside
+/// the retry. The lapse is made by purging the lease key, as its TTL would.
+#[tokio::test]
+async fn a_runner_whose_lease_lapsed_stops_its_run_and_never_renews_it() {
+    init_logs();
+    let p = Pipeline::start(AGENT, |c| c.max_turn_retry = 1).await;
+    let turn = send(&p.bus, "chat-z", "m-1", "hang").await;
+    wait_state(&p.bus, &turn, TurnState::Running).await;
+    p.bus
+        .leases
+        .purge(subjects::claim_key(&turn, 1))
+        .await
+        .expect("purge the lease");
+    // The runner's own report: it stopped the run because its lease was gone.
+    let report = eventually(T, "the runner's exit report", || async {
+        read_all(&p.bus.js, subjects::STREAM_EVENTS, &subjects::events(&turn))
+            .await
+            .into_iter()
+            .filter_map(|m| {
+                turnpike_jetstream::decode::<turnpike_core::wire::RunnerEvent>(
+                    m.headers.as_ref(),
+                    &m.payload,
+                )
+                .ok()
+            })
+            .find_map(|ev| match ev.kind {
+                turnpike_core::wire::RunnerEventKind::Exited { report } => Some(report),
+                _ => None,
+            })
+    })
+    .await;
+    assert_eq!(report.class, ExitClass::RunnerLost, "{report:?}");
+    assert!(
+        report
+            .error
+            .as_deref()
+            .is_some_and(|e| e.contains("LeaseLost")),
+        "{report:?}"
+    );
+    let record = wait_ended(&p.bus, &turn, T).await;
+    assert_eq!(record.state, TurnState::GaveUp);
+    // And the lease stays gone: nobody renewed it.
+    let lease = p
+        .bus
+        .leases
+        .get(subjects::claim_key(&turn, 1))
+        .await
+        .expect("read lease");
+    assert!(
+        lease.as_ref().is_none_or(|v| v.is_empty()),
+        "renewed: {lease:?}"
+    );
+    p.stop().await;
+}
+
+/// Item 12: an ended turn leaves the live index with a purge marker that expires by itself, so
+/// the sweep's listing of the index grows with live turns, not with every turn that ever ended.
+#[tokio::test]
+async fn an_ended_turn_leaves_the_live_index_with_a_marker_that_expires() {
+    init_logs();
+    let p = Pipeline::start(AGENT, |_| {}).await;
+    let turn = send(&p.bus, "chat-m", "m-1", "reply:done").await;
+    wait_ended(&p.bus, &turn, T).await;
+    let stream = p
+        .bus
+        .js
+        .get_stream(format!("KV_{}", subjects::BUCKET_LIVE))
+        .await
+        .expect("live stream");
+    let marker = eventually(T, "the purge marker", || async {
+        stream
+            .get_last_raw_message_by_subject(&format!("$KV.{}.{turn}", subjects::BUCKET_LIVE))
+            .await
+            .ok()
+            .filter(|m| m.headers.get("KV-Operation").is_some())
+    })
+    .await;
+    assert_eq!(
+        marker.headers.get("KV-Operation").map(|v| v.as_str()),
+        Some("PURGE")
+    );
+    assert_eq!(
+        marker.headers.get("Nats-TTL").map(|v| v.as_str()),
+        Some("60"),
+        "{:?}",
+        marker.headers
+    );
+    p.stop().await;
 }

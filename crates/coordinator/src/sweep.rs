@@ -55,7 +55,10 @@ pub async fn sweep_once(
     report.live = live.len();
     for key in live {
         let Ok(turn) = TurnId::new(key.as_str()) else {
-            let _ = bus.live.purge(&key).await;
+            let _ = bus
+                .live
+                .purge_with_ttl(&key, std::time::Duration::from_secs(60))
+                .await;
             continue;
         };
         if let Err(e) = sweep_turn(bus, config, counters, &turn, &mut report).await {
@@ -76,7 +79,7 @@ async fn sweep_turn(
         // The dispatcher indexes a turn just before creating it: only an old entry is stale.
         if let Ok(Some(entry)) = bus.live.entry(turn.as_str()).await {
             if age(entry.created) > config.lease {
-                let _ = bus.live.purge(turn.as_str()).await;
+                let _ = turns::unlist_live(bus, turn).await;
                 report.cleaned += 1;
             }
         }
@@ -96,7 +99,7 @@ async fn sweep_turn(
         s if s.is_terminal() => {
             // Ended, but its effects (Ended drops it from this index) did not all happen.
             turns::run_outbox(bus, current.clone()).await?;
-            let _ = bus.live.purge(turn.as_str()).await;
+            let _ = turns::unlist_live(bus, turn).await;
             report.cleaned += 1;
         }
         TurnState::Queued | TurnState::Running => {

@@ -373,11 +373,21 @@ pub async fn execute(bus: &Bus, record: &TurnRecord, effect: &Effect) -> Result<
                     admit(bus, &next, history).await?;
                 }
             }
-            bus.live
-                .purge(turn.as_str())
-                .await
-                .map_err(|e| BusError::kv(format!("drop {turn} from live index"), e))?;
+            unlist_live(bus, turn).await?;
         }
     }
     Ok(())
+}
+
+/// How long the purge marker of an ended turn stays in the live index. Long enough for a sweep
+/// that listed the key just before to see it gone; short, so the sweep's listing grows with live
+/// turns only, never with the turns that ended in the bucket's lifetime.
+const LIVE_MARKER_TTL: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Drop a turn from the live index, leaving a purge marker that expires by itself.
+pub async fn unlist_live(bus: &Bus, turn: &TurnId) -> Result<(), BusError> {
+    bus.live
+        .purge_with_ttl(turn.as_str(), LIVE_MARKER_TTL)
+        .await
+        .map_err(|e| BusError::kv(format!("drop {turn} from live index"), e))
 }

@@ -180,9 +180,13 @@ async fn run_fenced(
 
     let attachments = match fetch_attachments(inner, work).await {
         Ok(a) => a,
-        Err(e) => {
-            warn!(error = %e, "attachments unavailable");
+        Err(AttachmentError::Refused(e)) => {
+            warn!(error = %e, "attachments refused");
             return ExitReport::without_output(ExitClass::CouldNotStart, e, now());
+        }
+        Err(AttachmentError::Unavailable(e)) => {
+            warn!(error = %e, "attachments unavailable; the attempt dies and may be retried");
+            return ExitReport::without_output(ExitClass::EngineError, e, now());
         }
     };
 
@@ -524,44 +528,64 @@ pub(crate) async fn fence_stop(inner: &Inner, work: &WorkItem, ours: u64) -> Sto
 }
 
 /// Fetch the message's attachments from the object store, within the size limit.
-async fn fetch_attachments(inner: &Inner, work: &WorkItem) -> Result<Vec<(String, Bytes)>, String> {
+/// Why an attempt's attachments could not be had.
+#[derive(Debug, thiserror::Error)]
+enum AttachmentError {
+    /// The message's attachments can never be had (too many, too large, gone): the agent
+    /// cannot start, and trying again would not help.
+    #[error("{0}")]
+    Refused(String),
+    /// The object store did not answer: a death of this attempt, which a retry may not hit.
+    #[error("{0}")]
+    Unavailable(String),
+}
+
+async fn fetch_attachments(
+    inner: &Inner,
+    work: &WorkItem,
+) -> Result<Vec<(String, Bytes)>, AttachmentError> {
+    use AttachmentError::{Refused, Unavailable};
     let max = inner.config.attachment_max_bytes.0;
     let max_total = inner.config.attachments_max_total_bytes.0;
     if work.message.attachments.len() > inner.config.attachments_max {
-        return Err(format!(
+        return Err(Refused(format!(
             "the message lists {} attachments; the limit is {}",
             work.message.attachments.len(),
             inner.config.attachments_max
-        ));
+        )));
     }
     let mut total = 0u64;
     let mut out = Vec::new();
     for a in &work.message.attachments {
         let mut obj = inner.bus.attachments.get(&a.object).await.map_err(|e| {
-            format!(
-                "attachment {:?} (object {:?}) unavailable: {e}",
-                a.name, a.object
-            )
+            let what = format!("attachment {:?} (object {:?})", a.name, a.object);
+            match e.kind() {
+                async_nats::jetstream::object_store::GetErrorKind::NotFound
+                | async_nats::jetstream::object_store::GetErrorKind::InvalidName => {
+                    Refused(format!("{what} is not in the object store"))
+                }
+                _ => Unavailable(format!("{what} unavailable: {e}")),
+            }
         })?;
         if obj.info().size as u64 > max {
-            return Err(format!(
+            return Err(Refused(format!(
                 "attachment {:?} is {} bytes; the limit is {}",
                 a.name,
                 obj.info().size,
                 inner.config.attachment_max_bytes
-            ));
+            )));
         }
         total += obj.info().size as u64;
         if total > max_total {
-            return Err(format!(
+            return Err(Refused(format!(
                 "the attachments add up to more than {}",
                 inner.config.attachments_max_total_bytes
-            ));
+            )));
         }
         let mut data = Vec::new();
         obj.read_to_end(&mut data)
             .await
-            .map_err(|e| format!("attachment {:?} could not be read: {e}", a.name))?;
+            .map_err(|e| Unavailable(format!("attachment {:?} could not be read: {e}", a.name)))?;
         out.push((sanitize_attachment_name(&a.name), Bytes::from(data)));
     }
     Ok(out)

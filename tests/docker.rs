@@ -206,8 +206,22 @@ async fn garbage_output_is_survived() {
     let (record, items) = run_one("dt-garbage", "garbage", |_| {}).await;
     assert_eq!(class(&record, 0), ExitClass::Clean);
     assert_eq!(record.state, TurnState::Done);
-    assert_eq!(items.len(), 1, "only the valid message landed: {items:?}");
-    assert_eq!(items[0].text, "survived the garbage");
+    // The 2 MiB message lands cut (its head salvaged); the broken and unknown lines do not.
+    assert_eq!(items.len(), 2, "{items:?}");
+    assert!(
+        items[0].text.starts_with("xxxx"),
+        "{}",
+        &items[0].text[..40]
+    );
+    assert!(
+        items[0]
+            .text
+            .ends_with(&format!("[cut: the line was {} bytes]", (2 << 20) + 28)),
+        "{}",
+        &items[0].text[items[0].text.len() - 60..]
+    );
+    assert!(items[0].text.len() <= 64 * 1024);
+    assert_eq!(items[1].text, "survived the garbage");
 }
 
 #[tokio::test]

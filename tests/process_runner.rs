@@ -145,3 +145,22 @@ async fn each_attempt_works_in_a_fresh_directory_under_scratch_dir_removed_after
     assert_eq!(left, 0, "the attempt's directory outlived it");
     p.stop().await;
 }
+
+/// Issue 16, item 3: an agent-reported failure whose error line is over 1 MiB used to be skipped,
+/// and the turn ended as a silent success. Its head is salvaged: the turn fails, with the error cut.
+#[tokio::test]
+async fn an_agent_failure_with_a_huge_error_line_still_fails_the_turn() {
+    let p = Pipeline::start(AGENT, |_| {}).await;
+    let turn = send(&p.bus, "huge-error", "m-1", "fail-huge").await;
+    let r = wait_ended(&p.bus, &turn, Duration::from_secs(60)).await;
+    assert_eq!(r.state, TurnState::Failed, "{r:#?}");
+    let exit = r.attempts[0].exit.as_ref().expect("exit");
+    assert_eq!(exit.class, ExitClass::AgentFailed);
+    let error = exit.error.as_deref().expect("the agent's error");
+    assert!(
+        error.starts_with("eeee") && error.len() <= 4096,
+        "{}",
+        error.len()
+    );
+    p.stop().await;
+}

@@ -334,6 +334,9 @@ async fn run_fenced(
     }
 }
 
+/// Longest agent error kept in an exit report (and so in the turn record).
+const MAX_ERROR: usize = 4096;
+
 struct Lander<'a> {
     inner: &'a Inner,
     work: &'a WorkItem,
@@ -353,9 +356,18 @@ impl Lander<'_> {
     async fn line(&mut self, line: Line, stop: &watch::Sender<Option<StopReason>>) {
         let text = match line {
             Line::Text(t) => t,
-            Line::Oversize { len } => {
-                warn!(len, "agent line over 1 MiB skipped");
-                return;
+            Line::Oversize { len, head } => {
+                // Cut, not dropped: a huge reply lands cut, a huge error still fails the turn.
+                match crate::lines::salvage(&head, len) {
+                    Some(salvaged) => {
+                        warn!(len, "agent line over 1 MiB; using what its head says");
+                        return self.parsed(salvaged, stop).await;
+                    }
+                    None => {
+                        warn!(len, "agent line over 1 MiB, not a protocol line; skipped");
+                        return;
+                    }
+                }
             }
             Line::NotUtf8 { len } => {
                 warn!(len, "agent line not UTF-8 skipped");
@@ -373,12 +385,18 @@ impl Lander<'_> {
                 return;
             }
         };
-        match parsed {
+        self.parsed(parsed, stop).await
+    }
+
+    async fn parsed(&mut self, line: AgentLine, stop: &watch::Sender<Option<StopReason>>) {
+        match line {
             AgentLine::Message { text } => self.message(text, stop).await,
             AgentLine::Status { text } => self.status(text).await,
             AgentLine::Result { status, error } => {
                 self.verdict = Some(status);
-                self.verdict_error = error;
+                // Kept in the turn record: bounded.
+                self.verdict_error =
+                    error.map(|e| turnpike_core::texts::truncate(&e, MAX_ERROR).into_owned());
             }
         }
     }

@@ -1,9 +1,16 @@
 //! Splitting an agent's output into lines, with a bound: sans-IO, fed with whatever chunks the
 //! backend delivers (Docker log frames, pipe reads). A line longer than the bound is reported as
-//! oversize (with its length) and skipped, without ever holding more than the bound in memory.
+//! oversize, with its length and its first bytes, without ever holding more than the bound in
+//! memory; [`salvage`] reads what it can of such a line, so a huge reply or error is cut, not lost.
 
-/// The longest line the agent protocol accepts.
+use turnpike_core::wire::{AgentLine, AgentStatus};
+
+/// The longest line the agent protocol accepts whole.
 pub const MAX_LINE: usize = 1 << 20;
+
+/// Bytes of an oversize line kept for [`salvage`]: below the default `message_max_bytes`, so a
+/// salvaged reply is cut once.
+pub const OVERSIZE_HEAD: usize = 48 * 1024;
 
 #[derive(Debug, PartialEq, Eq)]
 pub enum Line {
@@ -12,8 +19,10 @@ pub enum Line {
     NotUtf8 {
         len: usize,
     },
+    /// Longer than the bound: its length, and its first bytes (lossily decoded).
     Oversize {
         len: usize,
+        head: String,
     },
 }
 
@@ -21,8 +30,8 @@ pub enum Line {
 pub struct LineSplitter {
     max: usize,
     buf: Vec<u8>,
-    /// Inside an oversize line: bytes seen so far; nothing buffered.
-    discarding: Option<usize>,
+    /// Inside an oversize line: bytes seen so far, and its head; nothing else buffered.
+    discarding: Option<(usize, Vec<u8>)>,
 }
 
 impl LineSplitter {
@@ -31,6 +40,13 @@ impl LineSplitter {
             max,
             buf: Vec::new(),
             discarding: None,
+        }
+    }
+
+    fn oversize((len, head): (usize, Vec<u8>)) -> Line {
+        Line::Oversize {
+            len,
+            head: String::from_utf8_lossy(&head).into_owned(),
         }
     }
 
@@ -43,21 +59,23 @@ impl LineSplitter {
                 None => (chunk, &[][..], false),
             };
             chunk = rest;
-            if let Some(seen) = self.discarding.as_mut() {
+            if let Some((seen, _)) = self.discarding.as_mut() {
                 *seen += part.len();
                 if complete {
-                    out.push(Line::Oversize { len: *seen });
-                    self.discarding = None;
+                    out.extend(self.discarding.take().map(Self::oversize));
                 }
                 continue;
             }
             if self.buf.len() + part.len() > self.max {
-                self.discarding = Some(self.buf.len() + part.len());
-                self.buf.clear();
+                let total = self.buf.len() + part.len();
+                let keep = self.max.min(OVERSIZE_HEAD);
+                let mut head = std::mem::take(&mut self.buf);
+                let room = keep.saturating_sub(head.len());
+                head.extend_from_slice(&part[..part.len().min(room)]);
+                head.truncate(keep);
+                self.discarding = Some((total, head));
                 if complete {
-                    out.push(Line::Oversize {
-                        len: self.discarding.take().unwrap_or(0),
-                    });
+                    out.extend(self.discarding.take().map(Self::oversize));
                 }
                 continue;
             }
@@ -71,8 +89,8 @@ impl LineSplitter {
 
     /// End of output: a last line without a newline still counts.
     pub fn finish(&mut self) -> Option<Line> {
-        if let Some(len) = self.discarding.take() {
-            return Some(Line::Oversize { len });
+        if let Some(d) = self.discarding.take() {
+            return Some(Self::oversize(d));
         }
         if self.buf.is_empty() {
             return None;
@@ -95,10 +113,115 @@ impl LineSplitter {
     }
 }
 
+/// What can be read of an oversize line from its head: the line's type, and its text or error
+/// cut where the head ends, with a marker saying how long the line was. `None` if the head does not
+/// say what the line is. Lenient by design: the rest of the JSON is gone.
+pub fn salvage(head: &str, len: usize) -> Option<AgentLine> {
+    let cut = |text: String| format!("{text} … [cut: the line was {len} bytes]");
+    match json_string_after(head, "type")?.as_str() {
+        "message" => Some(AgentLine::Message {
+            text: cut(json_string_after(head, "text")?),
+        }),
+        "status" => Some(AgentLine::Status {
+            text: cut(json_string_after(head, "text")?),
+        }),
+        "result" => {
+            let status = match json_string_after(head, "status").as_deref() {
+                Some("ok") => AgentStatus::Ok,
+                // An error whose status or text was cut off is still the agent's error.
+                _ => AgentStatus::Error,
+            };
+            let error = json_string_after(head, "error").map(cut);
+            Some(AgentLine::Result { status, error })
+        }
+        _ => None,
+    }
+}
+
+/// The string value of `"key"` in a JSON object's text, decoded up to its closing quote or to the
+/// end of `text`, whichever comes first.
+fn json_string_after(text: &str, key: &str) -> Option<String> {
+    let pattern = format!("\"{key}\"");
+    // The key is the occurrence followed by a colon (`"status":"error"` holds `"error"` as a value).
+    let rest = text.match_indices(&pattern).find_map(|(at, _)| {
+        text[at + pattern.len()..]
+            .trim_start()
+            .strip_prefix(':')
+            .map(str::trim_start)
+    })?;
+    let mut chars = rest.strip_prefix('"')?.chars();
+    let mut out = String::new();
+    while let Some(c) = chars.next() {
+        match c {
+            '"' => return Some(out),
+            '\\' => match chars.next() {
+                Some('n') => out.push('\n'),
+                Some('t') => out.push('\t'),
+                Some('r') => out.push('\r'),
+                Some('b') => out.push('\u{8}'),
+                Some('f') => out.push('\u{c}'),
+                Some('u') => {
+                    let hex: String = chars.by_ref().take(4).collect();
+                    match u32::from_str_radix(&hex, 16).ok().and_then(char::from_u32) {
+                        Some(ch) if hex.len() == 4 => out.push(ch),
+                        _ => return Some(out),
+                    }
+                }
+                Some(other) => out.push(other),
+                None => return Some(out),
+            },
+            c => out.push(c),
+        }
+    }
+    Some(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn an_oversize_line_is_salvaged_from_its_head() {
+        let text = "é\"x".repeat(100);
+        // As agents write it: the type first (a head without the type cannot be salvaged).
+        let line = format!(
+            r#"{{"type":"message","text":{}}}"#,
+            serde_json::to_string(&text).expect("json")
+        );
+        // Cut inside a character, as the splitter may: it decodes the head lossily.
+        let head = String::from_utf8_lossy(&line.as_bytes()[..150]).into_owned();
+        match salvage(&head, line.len()) {
+            Some(AgentLine::Message { text: got }) => {
+                let kept = got.split(" … [cut").next().unwrap_or("");
+                let kept = kept.trim_end_matches('\u{fffd}');
+                assert!(kept.len() > 80 && text.starts_with(kept), "{got}");
+                assert!(got.ends_with(&format!("[cut: the line was {} bytes]", line.len())));
+            }
+            other => panic!("{other:?}"),
+        }
+        let err = format!(
+            r#"{{"type":"result","status":"error","error":"{}"}}"#,
+            "boom ".repeat(50)
+        );
+        match salvage(&err[..80], 999_999) {
+            Some(AgentLine::Result { status, error }) => {
+                assert_eq!(status, AgentStatus::Error);
+                assert!(error.is_some_and(|e| e.starts_with("boom boom")));
+            }
+            other => panic!("{other:?}"),
+        }
+        // The status itself cut off: still an error, never a silent turn.
+        assert!(matches!(
+            salvage(r#"{"type":"result","sta"#, 5_000_000),
+            Some(AgentLine::Result {
+                status: AgentStatus::Error,
+                ..
+            })
+        ));
+        assert_eq!(salvage(r#"{"text":"no type here"#, 10), None);
+        assert_eq!(salvage(r#"{"type":"teleport"}"#, 10), None);
+    }
 
     #[test]
     fn splits_across_chunks() {
@@ -117,14 +240,26 @@ mod tests {
     }
 
     #[test]
-    fn oversize_lines_are_skipped_and_reported() {
+    fn oversize_lines_are_reported_with_their_head() {
         let mut s = LineSplitter::new(4);
         assert_eq!(s.push(b"12345"), vec![]);
         assert_eq!(
             s.push(b"678\nok\n"),
-            vec![Line::Oversize { len: 8 }, Line::Text("ok".into())]
+            vec![
+                Line::Oversize {
+                    len: 8,
+                    head: "1234".into()
+                },
+                Line::Text("ok".into())
+            ]
         );
-        assert_eq!(s.push(b"123456\n"), vec![Line::Oversize { len: 6 }]);
+        assert_eq!(
+            s.push(b"123456\n"),
+            vec![Line::Oversize {
+                len: 6,
+                head: "1234".into()
+            }]
+        );
         assert_eq!(s.push(b"\xff\xfe\n"), vec![Line::NotUtf8 { len: 2 }]);
     }
 
@@ -148,7 +283,7 @@ mod tests {
             }
             got.extend(s.finish());
             let want: Vec<Line> = lines.iter().map(|l| if l.len() > 8 {
-                Line::Oversize { len: l.len() }
+                Line::Oversize { len: l.len(), head: l[..8].to_owned() }
             } else {
                 Line::Text(l.clone())
             }).collect();

@@ -17,6 +17,7 @@
 //! | `flood:<n>` | sends n messages |
 //! | `big-reply:<n>` | replies one message of n bytes |
 //! | `reply-then-hang` | replies, then hangs |
+//! | `fail-huge` | reports a failure whose error line is over 1 MiB, and exits 0 |
 //! | `write-file:<path>` | tries to create `<path>`; replies `wrote <path>` or `refused <path>: <error>` |
 //! | `attachments` | replies, per attachment, its path, size and FNV-1a hash (tests check bytes) |
 //! | anything else | echoes the text back |
@@ -238,6 +239,12 @@ pub fn run() -> ! {
                 Err(e) => reply(&format!("refused {path}: {e}")),
             }
             result_ok();
+        }
+        "fail-huge" => {
+            raw_line(&format!(
+                "{{\"type\":\"result\",\"status\":\"error\",\"error\":\"{}\"}}",
+                "e".repeat(2 << 20)
+            ));
         }
         "reply-then-hang" => {
             reply("an answer, then silence");

@@ -665,3 +665,67 @@ async fn counters_are_served_to_operators() {
     assert_eq!(v["endpoints"][0]["data"]["turns_gave_up"], 1, "{v}");
     p.stop().await;
 }
+
+/// Issue 16, security: an event is believed only from the runner that holds the attempt's claim.
+/// A forged exit report from another runner id used to end a running turn; it is dead-lettered
+/// and changes nothing.
+#[tokio::test]
+async fn an_event_from_a_runner_that_does_not_hold_the_claim_is_refused() {
+    use turnpike_core::wire::{ExitReport, RunnerEvent, RunnerEventKind};
+    let p = Pipeline::start(AGENT, |_| {}).await;
+    let turn = send(&p.bus, "forged", "m-1", "hang").await;
+    let running = wait_state(&p.bus, &turn, TurnState::Running).await;
+    let holder = running.attempts[0].runner.clone().expect("its runner");
+    let forged = RunnerEvent {
+        v: turnpike_core::FORMAT_VERSION,
+        turn: turn.clone(),
+        chat: running.chat.clone(),
+        attempt: 1,
+        runner: turnpike_core::RunnerId::new("mallory").expect("id"),
+        at: turnpike_jetstream::now(),
+        kind: RunnerEventKind::Exited {
+            report: ExitReport {
+                class: ExitClass::Clean,
+                exit_code: Some(0),
+                signal: None,
+                error: None,
+                messages_landed: 1,
+                replies: vec![],
+                ended_at: turnpike_jetstream::now(),
+            },
+        },
+    };
+    assert_ne!(forged.runner, holder);
+    turnpike_jetstream::publish(
+        &p.bus.js,
+        p.bus.codec,
+        subjects::events(&turn),
+        Some("forged-exit"),
+        &forged,
+    )
+    .await
+    .expect("the events stream takes it");
+    let dead = turnpike_testkit::eventually(T, "the forged event dead-lettered", || async {
+        dead_letters(&p.bus)
+            .await
+            .into_iter()
+            .find(|(_, reason)| reason.contains("mallory"))
+    })
+    .await;
+    assert!(dead.1.contains("claim"), "{dead:?}");
+    let still = turnpike_jetstream::turns::load(&p.bus, &turn)
+        .await
+        .expect("read")
+        .expect("turn")
+        .record;
+    assert_eq!(still.state, TurnState::Running, "{still:#?}");
+    let reply = ops(
+        &p.bus,
+        subjects::OPS_KILL,
+        serde_json::json!({"v": 1, "by": "tester", "turn": turn}),
+    )
+    .await;
+    assert!(reply.ok);
+    assert_eq!(wait_ended(&p.bus, &turn, T).await.state, TurnState::Killed);
+    p.stop().await;
+}

@@ -230,3 +230,75 @@ async fn an_ended_turn_leaves_the_live_index_with_a_marker_that_expires() {
     );
     p.stop().await;
 }
+
+/// Item 9: a dispatcher dies holding a chat's first two messages (delivered, never handled); they
+/// come back only after the consumer's ack wait, while the chat's third message is delivered at
+/// once to the next dispatcher. The third must still run after the first two.
+#[tokio::test]
+async fn a_chats_order_survives_a_dispatcher_that_died_holding_its_messages() {
+    init_logs();
+    let server = NatsServer::start();
+    let proxy = CutProxy::start(server.port()).await;
+    let config = test_config(&server, AGENT);
+    let roles = [
+        start_coordinator(&config).await,
+        start_runner(&config).await,
+    ];
+    let bus = Bus::connect(&config, "test").await.expect("bus");
+    let doomed = start_dispatcher(&turnpike_config::Config {
+        nats_url: proxy.url(),
+        ..config.clone()
+    })
+    .await;
+    // Warm up: the doomed dispatcher is pulling.
+    let warm = send(&bus, "chat-warm", "w", "reply:warm").await;
+    wait_ended(&bus, &warm, T).await;
+    proxy.hold().await;
+    let m1 = send(&bus, "chat-o", "m-1", "reply:first").await;
+    let m2 = send(&bus, "chat-o", "m-2", "reply:second").await;
+    let consumer = bus
+        .js
+        .get_stream(subjects::STREAM_CHAT_IN)
+        .await
+        .expect("stream")
+        .get_consumer::<async_nats::jetstream::consumer::pull::Config>(
+            subjects::CONSUMER_DISPATCHER,
+        )
+        .await
+        .expect("consumer");
+    eventually(T, "both delivered to the doomed dispatcher", || {
+        let mut c = consumer.clone();
+        async move {
+            c.info()
+                .await
+                .ok()
+                .filter(|i| i.num_ack_pending == 2)
+                .map(|_| ())
+        }
+    })
+    .await;
+    doomed.abort();
+    proxy.release();
+    let survivor = start_dispatcher(&config).await;
+    let m3 = send(&bus, "chat-o", "m-3", "reply:third").await;
+    let mut ended = Vec::new();
+    for t in [&m1, &m2, &m3] {
+        let r = wait_ended(&bus, t, Duration::from_secs(120)).await;
+        assert_eq!(r.state, TurnState::Done);
+        ended.push(r);
+    }
+    let started = |i: usize| ended[i].attempts[0].started_at.expect("started");
+    let finished = |i: usize| ended[i].attempts[0].exit.as_ref().expect("exit").ended_at;
+    assert!(started(1) >= finished(0), "m-2 ran before m-1 ended");
+    assert!(started(2) >= finished(1), "m-3 ran before m-2 ended");
+    let order: Vec<_> = visible_items(&bus, "chat-o")
+        .await
+        .into_iter()
+        .map(|i| i.text)
+        .collect();
+    assert_eq!(order, vec!["first", "second", "third"]);
+    survivor.stop().await;
+    for r in roles {
+        r.stop().await;
+    }
+}

@@ -12,7 +12,8 @@ use tracing::{debug, info, warn, Instrument};
 use turnpike_config::Config;
 use turnpike_core::lifecycle::Event;
 use turnpike_core::subjects;
-use turnpike_core::wire::{RunnerEvent, RunnerEventKind};
+use turnpike_core::wire::{ClaimHolder, RunnerEvent, RunnerEventKind};
+use turnpike_core::RunnerId;
 use turnpike_jetstream::turns::{self, Applied, ApplyError};
 use turnpike_jetstream::{dead_letter, decode, Bus, BusError};
 
@@ -25,12 +26,57 @@ pub mod sweep;
 
 pub use counters::{Counters, CountersSnapshot};
 
+/// Claims this coordinator has checked, by key: a claim never changes once created, so one leader
+/// read per attempt serves all of its events. Bounded; only saves reads, decides nothing.
+#[derive(Default)]
+struct ClaimCache(std::sync::Mutex<std::collections::HashMap<String, RunnerId>>);
+
+const CLAIM_CACHE: usize = 4096;
+
+impl ClaimCache {
+    /// Is `ev` from the runner that holds its attempt's claim?
+    async fn check(&self, bus: &Bus, ev: &RunnerEvent) -> Result<(), ApplyError> {
+        let key = subjects::claim_key(&ev.turn, ev.attempt);
+        let cached = self.0.lock().ok().and_then(|c| c.get(&key).cloned());
+        if cached.as_ref() == Some(&ev.runner) {
+            return Ok(());
+        }
+        let holder = turnpike_jetstream::claims::holder(bus, &ev.turn, ev.attempt).await?;
+        match holder {
+            Some(ClaimHolder::Runner { runner }) if runner == ev.runner => {
+                if let Ok(mut c) = self.0.lock() {
+                    if c.len() >= CLAIM_CACHE {
+                        c.clear();
+                    }
+                    c.insert(key, runner);
+                }
+                Ok(())
+            }
+            // Only on refusal: an event for a turn that does not exist says so.
+            None if turns::load(bus, &ev.turn).await?.is_none() => {
+                Err(ApplyError::UnknownTurn(ev.turn.clone()))
+            }
+            other => Err(ApplyError::NotClaimant {
+                turn: ev.turn.clone(),
+                attempt: ev.attempt,
+                runner: ev.runner.clone(),
+                holder: match other {
+                    Some(ClaimHolder::Runner { runner }) => format!("held by runner {runner}"),
+                    Some(ClaimHolder::Cancelled) => "cancelled".to_owned(),
+                    None => "not taken".to_owned(),
+                },
+            }),
+        }
+    }
+}
+
 pub struct Coordinator {
     /// Shared by every in-flight event: a `Bus` holds a dozen stream handles, and cloning one
     /// per event showed up in the benchmark's profile.
     bus: Arc<Bus>,
     config: Config,
     counters: Arc<Counters>,
+    claims: Arc<ClaimCache>,
 }
 
 impl Coordinator {
@@ -39,6 +85,7 @@ impl Coordinator {
             bus: Arc::new(bus),
             config: config.clone(),
             counters: Arc::new(Counters::default()),
+            claims: Arc::new(ClaimCache::default()),
         }
     }
 
@@ -78,17 +125,18 @@ impl Coordinator {
         let slots = Arc::new(Semaphore::new(IN_FLIGHT));
         let tasks = tokio_util::task::TaskTracker::new();
         turnpike_jetstream::consume::each_message(&consumer, IN_FLIGHT, &shutdown, |msg| {
-            let (slots, bus, counters, tasks) = (
+            let (slots, bus, counters, tasks, claims) = (
                 slots.clone(),
                 self.bus.clone(),
                 self.counters.clone(),
                 tasks.clone(),
+                self.claims.clone(),
             );
             async move {
                 // Wait for a free slot before taking the next event (backpressure).
                 if let Ok(permit) = slots.acquire_owned().await {
                     tasks.spawn(async move {
-                        handle(&bus, &counters, msg).await;
+                        handle(&bus, &counters, &claims, msg).await;
                         drop(permit);
                     });
                 }
@@ -125,7 +173,12 @@ fn lifecycle_event(ev: &RunnerEvent) -> Option<Event> {
     })
 }
 
-async fn handle(bus: &Bus, counters: &Counters, msg: async_nats::jetstream::Message) {
+async fn handle(
+    bus: &Bus,
+    counters: &Counters,
+    claims: &ClaimCache,
+    msg: async_nats::jetstream::Message,
+) {
     let ev: RunnerEvent = match decode(msg.headers.as_ref(), &msg.payload) {
         Ok(ev) => ev,
         Err(e) => {
@@ -163,7 +216,14 @@ async fn handle(bus: &Bus, counters: &Counters, msg: async_nats::jetstream::Mess
             let _ = msg.ack().await;
             return;
         };
-        match apply(bus, counters, &ev, &event).await {
+        // Believed only from the runner that holds the attempt's claim: a runner's account may
+        // publish events for any turn, so the claim is what proves who runs an attempt.
+        let checked = claims.check(bus, &ev).await;
+        let applied = match checked {
+            Ok(()) => apply(bus, counters, &ev, &event).await,
+            Err(e) => Err(e),
+        };
+        match applied {
             Ok(()) => {
                 let _ = msg.ack().await;
             }

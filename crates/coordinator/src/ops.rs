@@ -221,7 +221,7 @@ async fn rerun(
             now(),
         );
         // Takes its place in the chat's order like any new message.
-        let (_, created) = turns::create_in_chat(bus, record).await?;
+        let (_, created) = turns::create_in_chat(bus, record, None).await?;
         if !created {
             continue;
         }

@@ -365,6 +365,10 @@ pub struct ChatRecord {
     /// Entries left out of `history` over the chat's life to keep it within its budget.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub history_dropped: u64,
+    /// Stream sequence (in `TURNPIKE_CHAT_IN`) of the last inbound message of this chat that was
+    /// taken (joined as a turn, or refused): a later one joins only when every earlier one was.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub inbound_seq: u64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub errored: Option<ChatError>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -552,6 +556,7 @@ mod tests {
                 text: "q".into(),
             }],
             history_dropped: 3,
+            inbound_seq: 42,
             errored: Some(ChatError {
                 turn: turn(),
                 at,

@@ -21,6 +21,9 @@ pub struct Dispatcher {
     config: Config,
 }
 
+/// Tries of a transient failure in place, in the chat's lane, before the message is NAK'd.
+const IN_PLACE_TRIES: u32 = 8;
+
 /// How long a chat's lane waits for its next message before it closes.
 const LANE_IDLE: Duration = Duration::from_secs(30);
 
@@ -123,26 +126,67 @@ impl Dispatcher {
                 .await;
         }
         let turn = TurnId::for_message(&inbound.chat, &inbound.id);
+        let seq = msg.info().map(|i| i.stream_sequence).ok();
         let span = tracing::info_span!("turn", turn_id = %turn, chat_id = %inbound.chat);
         async {
-            match self.create_turn(turn, inbound).await {
-                Ok(()) => {
-                    let _ = msg.ack().await;
+            // Per-chat order: an earlier message of this chat that is not taken yet (a
+            // dispatcher died holding it) goes first; this one comes back for later.
+            if let Some(seq) = seq {
+                match turnpike_jetstream::chats::inbound_in_order(&self.bus, &inbound.chat, seq)
+                    .await
+                {
+                    Ok(true) => {}
+                    Ok(false) => {
+                        debug!(
+                            seq,
+                            "an earlier message of this chat is not taken yet; waiting for it"
+                        );
+                        let _ = msg
+                            .ack_with(AckKind::Nak(Some(Duration::from_secs(1))))
+                            .await;
+                        return;
+                    }
+                    Err(e) => {
+                        warn!(error = %e, "cannot check the chat's order; will retry");
+                        let _ = msg
+                            .ack_with(AckKind::Nak(Some(Duration::from_secs(1))))
+                            .await;
+                        return;
+                    }
                 }
-                Err(ApplyError::Bus(e)) => {
-                    warn!(error = %e, "turn not created yet; will retry");
-                    let _ = msg
-                        .ack_with(AckKind::Nak(Some(Duration::from_secs(1))))
-                        .await;
+            }
+            // A transient failure is retried here, in the chat's lane, rather than NAK'd: the
+            // lane would move on to the chat's next message and break its order.
+            let mut wait = Duration::from_millis(250);
+            for tries in 1..=IN_PLACE_TRIES {
+                match self.create_turn(turn.clone(), inbound.clone(), seq).await {
+                    Ok(()) => {
+                        let _ = msg.ack().await;
+                        return;
+                    }
+                    Err(ApplyError::Bus(e)) if tries < IN_PLACE_TRIES => {
+                        warn!(error = %e, tries, "turn not created yet; retrying");
+                        let _ = msg.ack_with(AckKind::Progress).await;
+                        tokio::time::sleep(wait).await;
+                        wait = (wait * 2).min(Duration::from_secs(5));
+                    }
+                    Err(ApplyError::Bus(e)) => {
+                        warn!(error = %e, "turn not created yet; leaving it to redelivery");
+                        let _ = msg
+                            .ack_with(AckKind::Nak(Some(Duration::from_secs(1))))
+                            .await;
+                        return;
+                    }
+                    Err(e) => return self.refuse(&msg, e.to_string()).await,
                 }
-                Err(e) => self.refuse(&msg, e.to_string()).await,
             }
         }
         .instrument(span)
         .await
     }
 
-    /// Refused input is recorded as a dead letter with the reason, then acknowledged.
+    /// Refused input is recorded as a dead letter with the reason, counted taken in its chat
+    /// (so the chat's later messages go), then acknowledged.
     async fn refuse(&self, msg: &Message, reason: String) {
         dead_letter(
             &self.bus.js,
@@ -153,12 +197,38 @@ impl Dispatcher {
             msg.payload.clone(),
         )
         .await;
+        let chat = msg
+            .subject
+            .as_str()
+            .strip_prefix("turnpike.chat.in.")
+            .and_then(|c| ChatId::new(c).ok());
+        if let (Some(chat), Ok(info)) = (chat, msg.info()) {
+            if let Err(e) =
+                turnpike_jetstream::chats::inbound_taken(&self.bus, &chat, info.stream_sequence)
+                    .await
+            {
+                warn!(error = %e, "refused, but not yet counted taken; will be redone");
+                let _ = msg
+                    .ack_with(AckKind::Nak(Some(Duration::from_secs(1))))
+                    .await;
+                return;
+            }
+        }
         let _ = msg.ack().await;
     }
 
-    async fn create_turn(&self, turn: TurnId, inbound: InboundMessage) -> Result<(), ApplyError> {
+    async fn create_turn(
+        &self,
+        turn: TurnId,
+        inbound: InboundMessage,
+        seq: Option<u64>,
+    ) -> Result<(), ApplyError> {
         if let Some(reason) = self.check_attachments(&inbound).await? {
-            return self.reply_error(&turn, &inbound, &reason).await;
+            self.reply_error(&turn, &inbound, &reason).await?;
+            if let Some(seq) = seq {
+                turnpike_jetstream::chats::inbound_taken(&self.bus, &inbound.chat, seq).await?;
+            }
+            return Ok(());
         }
         // Created waiting; it starts when it is its chat's turn (at once if the chat is idle),
         // with the chat's history as it is then.
@@ -175,7 +245,7 @@ impl Dispatcher {
             },
             now(),
         );
-        let (current, created) = turns::create_in_chat(&self.bus, record).await?;
+        let (current, created) = turns::create_in_chat(&self.bus, record, seq).await?;
         if created {
             info!(max_attempts = current.record.max_attempts, "turn created");
         } else {

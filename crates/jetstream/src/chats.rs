@@ -23,6 +23,7 @@ fn empty(chat: &ChatId) -> ChatRecord {
         waiting: Vec::new(),
         history: Vec::new(),
         history_dropped: 0,
+        inbound_seq: 0,
         errored: None,
         cleared: Vec::new(),
     }
@@ -89,6 +90,7 @@ pub async fn join(
     bus: &Bus,
     chat: &ChatId,
     turn: &TurnId,
+    inbound_seq: Option<u64>,
 ) -> Result<Option<Vec<HistoryEntry>>, BusError> {
     update(bus, chat, |c| {
         if c.live.as_ref() == Some(turn) {
@@ -97,6 +99,9 @@ pub async fn join(
         if c.waiting.contains(turn) {
             return (false, None);
         }
+        if let Some(seq) = inbound_seq {
+            c.inbound_seq = c.inbound_seq.max(seq);
+        }
         if c.live.is_none() {
             c.live = Some(turn.clone());
             (true, Some(c.history.clone()))
@@ -104,6 +109,65 @@ pub async fn join(
             c.waiting.push(turn.clone());
             (true, None)
         }
+    })
+    .await
+}
+
+/// Is the inbound message at stream sequence `seq` the chat's next one to take? `false` while an
+/// earlier message of the chat is still not taken (a dispatcher died holding it, or it waits for
+/// a redelivery): the caller leaves this one for later, so a chat's turns keep arrival order.
+/// A message already taken (a replay) is in order.
+pub async fn inbound_in_order(bus: &Bus, chat: &ChatId, seq: u64) -> Result<bool, BusError> {
+    let record = bus
+        .chats
+        .entry(chat.as_str())
+        .await
+        .map_err(|e| BusError::kv(format!("read chat {chat}"), e))?
+        .filter(|e| !e.value.is_empty())
+        .map(|e| decode_kv::<ChatRecord>(&e.value));
+    let taken = match record {
+        // A new chat: nothing of it was taken yet.
+        None => 0,
+        Some(Ok(c)) if c.inbound_seq > 0 => c.inbound_seq,
+        // A chat from before this record kept the sequence, or one that cannot be read (its
+        // updates will say so): the dispatcher's per-chat lane order is all there is.
+        Some(_) => return Ok(true),
+    };
+    if seq <= taken {
+        return Ok(true);
+    }
+    let stream = bus
+        .js
+        .get_stream_no_info(subjects::STREAM_CHAT_IN)
+        .await
+        .map_err(|e| BusError::kv("open chat-in stream", e))?;
+    let next = stream
+        .raw_message_builder()
+        .sequence(taken + 1)
+        .next_by_subject(subjects::chat_in(chat))
+        .send()
+        .await;
+    match next {
+        Ok(m) => Ok(m.sequence >= seq),
+        // Nothing between: ours was removed meanwhile (retention); nothing earlier waits.
+        Err(e)
+            if e.kind()
+                == async_nats::jetstream::stream::LastRawMessageErrorKind::NoMessageFound =>
+        {
+            Ok(true)
+        }
+        Err(e) => Err(BusError::kv(format!("check the order of chat {chat}"), e)),
+    }
+}
+
+/// The inbound message at `seq` was taken without a turn (refused): later ones may go.
+pub async fn inbound_taken(bus: &Bus, chat: &ChatId, seq: u64) -> Result<(), BusError> {
+    update(bus, chat, |c| {
+        if c.inbound_seq >= seq {
+            return (false, ());
+        }
+        c.inbound_seq = seq;
+        (true, ())
     })
     .await
 }

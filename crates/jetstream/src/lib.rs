@@ -3,6 +3,7 @@
 //! publishing and decoding with the codec named by `Content-Type`, and dead letters.
 
 pub mod chats;
+pub mod claims;
 mod connect;
 pub mod consume;
 mod error;

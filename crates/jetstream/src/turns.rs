@@ -26,6 +26,13 @@ pub enum ApplyError {
     BadRecord { turn: TurnId, message: String },
     #[error(transparent)]
     Transition(#[from] TransitionError),
+    #[error("event from runner {runner} for {turn} attempt {attempt}, whose claim is {holder}")]
+    NotClaimant {
+        turn: TurnId,
+        attempt: u32,
+        runner: turnpike_core::RunnerId,
+        holder: String,
+    },
     #[error(transparent)]
     Bus(#[from] BusError),
 }
@@ -83,6 +90,7 @@ fn encode(bus: &Bus, record: &TurnRecord) -> Result<Bytes, BusError> {
 pub async fn create_in_chat(
     bus: &Bus,
     record: TurnRecord,
+    inbound_seq: Option<u64>,
 ) -> Result<(Versioned, bool), ApplyError> {
     let turn = record.turn.clone();
     let chat = record.chat.clone();
@@ -93,11 +101,15 @@ pub async fn create_in_chat(
         .map_err(|e| BusError::kv(format!("index live turn {turn}"), e))?;
     let (current, created) = create(bus, record).await?;
     if current.record.state.is_terminal() {
-        // A replay of a message whose turn already ended: nothing more to do.
+        // A replay of a message whose turn already ended: nothing more to do, but to count its
+        // message taken (it may never have joined: killed first), so the chat's next ones go.
         let _ = run_outbox(bus, current.clone()).await?;
+        if let Some(seq) = inbound_seq {
+            crate::chats::inbound_taken(bus, &chat, seq).await?;
+        }
         return Ok((current, created));
     }
-    if let Some(history) = crate::chats::join(bus, &chat, &turn).await? {
+    if let Some(history) = crate::chats::join(bus, &chat, &turn, inbound_seq).await? {
         admit(bus, &turn, history).await?;
     }
     Ok((current, created))

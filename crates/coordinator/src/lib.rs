@@ -220,7 +220,18 @@ async fn handle(
         // publish events for any turn, so the claim is what proves who runs an attempt.
         let checked = claims.check(bus, &ev).await;
         let applied = match checked {
-            Ok(()) => apply(bus, counters, &ev, &event).await,
+            Ok(()) => {
+                // The event's time by the server's clock: the one that fires retries.
+                let at = msg
+                    .info()
+                    .map(|i| {
+                        turnpike_core::Timestamp::from_system_time(std::time::SystemTime::from(
+                            i.published,
+                        ))
+                    })
+                    .unwrap_or_else(|_| turnpike_jetstream::now());
+                apply(bus, counters, &ev, &event, at).await
+            }
             Err(e) => Err(e),
         };
         match applied {
@@ -257,8 +268,9 @@ async fn apply(
     counters: &Counters,
     ev: &RunnerEvent,
     event: &Event,
+    at: turnpike_core::Timestamp,
 ) -> Result<(), ApplyError> {
-    let applied = turns::apply_event(bus, &ev.turn, event).await?;
+    let applied = turns::apply_event_at(bus, &ev.turn, event, at).await?;
     let current = match applied {
         Applied::Changed { current, effects } => {
             info!(state = %current.record.state, retry_count = current.record.retry_count, "turn updated");

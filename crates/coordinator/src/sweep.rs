@@ -17,6 +17,7 @@ use turnpike_core::wire::{
     ClaimHolder, ClaimRecord, ExitClass, ExitReport, RunnerEvent, RunnerEventKind, WorkItem,
 };
 use turnpike_core::{TurnId, TurnRecord};
+use turnpike_jetstream::claims::Lease;
 use turnpike_jetstream::fence::{self, Losing};
 use turnpike_jetstream::turns::{self, ApplyError};
 use turnpike_jetstream::{decode, decode_kv, now, Bus, BusError};
@@ -147,19 +148,12 @@ async fn check_attempt_alive(
     if matches!(holder, Ok(ClaimHolder::Cancelled)) {
         return Ok(());
     }
-    let lease = bus
-        .leases
-        .entry(key.as_str())
-        .await
-        .map_err(|e| BusError::kv(format!("read lease {key}"), e))?;
-    if lease.is_some_and(|l| !l.value.is_empty()) {
-        return Ok(());
-    }
-    // A fresh claim may not have its lease yet.
-    let claimed_at: SystemTime = claim.created.into();
-    if age(claimed_at) < config.lease {
-        return Ok(());
-    }
+    // The runner made its lease before its claim: a claimed attempt whose lease is not live
+    // lost it to the server's TTL. No host's clock is compared with another's.
+    let lapsed_at = match turnpike_jetstream::claims::lease(bus, turn, k).await? {
+        Lease::Live => return Ok(()),
+        Lease::Lapsed(at) => at.unwrap_or_else(now),
+    };
     if exit_reported(bus, turn, k).await {
         debug!(turn_id = %turn, attempt = k, "lease lapsed after the exit was reported; the event settles it");
         return Ok(());
@@ -188,10 +182,11 @@ async fn check_attempt_alive(
             )),
             messages_landed: replies.len() as u32,
             replies,
-            ended_at: now(),
+            ended_at: lapsed_at,
         },
     };
-    let applied = turns::apply_event(bus, turn, &event).await?;
+    // The death is dated when the server let the lease lapse.
+    let applied = turns::apply_event_at(bus, turn, &event, lapsed_at).await?;
     if let turns::Applied::Changed { effects, .. } = &applied {
         counters.runner_lost();
         counters.effects(effects);

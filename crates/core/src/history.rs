@@ -171,10 +171,11 @@ mod tests {
                 prop_assert!(kept.iter().map(|e| e.text.len()).sum::<usize>() <= bytes);
                 prop_assert_eq!(kept.len() as u64 + dropped, all.len() as u64);
                 prop_assert_eq!(h.first().is_some_and(|e| e.role == Role::Note), dropped > 0);
-                // The kept ones are the newest, in order (each possibly cut).
+                // The kept ones are the newest, in order, each whole or a cut of its original.
                 for (k, orig) in kept.iter().zip(&all[all.len() - kept.len()..]) {
-                    let prefix = orig.text.split(':').next().unwrap_or("");
-                    prop_assert!(k.text.starts_with(prefix) || k.text.starts_with(" …"));
+                    let kept_part = k.text.split(" … [cut: ").next().unwrap_or("");
+                    prop_assert!(orig.text.starts_with(kept_part), "{:?} from {:?}", k.text, orig.text);
+                    prop_assert!(k.text == orig.text || k.text.ends_with(" bytes in all]"));
                 }
             }
         }

@@ -415,8 +415,9 @@ impl TurnRecord {
     }
 }
 
-/// Apply one event. `now` is only used to stamp records and to bound a reported death time that
-/// lies in the future (clock skew), so the retry delay is never stretched by another host's clock.
+/// Apply one event at `now`: the time the event happened by the one clock the shells use, the
+/// server's (the coordinator passes the event message's stream timestamp). It stamps the record
+/// and dates a death, from which the retry delay runs.
 pub fn apply(record: &TurnRecord, event: &Event, now: Timestamp) -> Result<Step, TransitionError> {
     let mut r = record.clone();
     let effects = match event {
@@ -492,8 +493,10 @@ pub fn apply(record: &TurnRecord, event: &Event, now: Timestamp) -> Result<Step,
                 a.replies.clone_from(&report.replies);
             }
             a.exit = Some(report.clone());
-            let death_at = report.ended_at.min(now);
-            decide(&mut r, report.class, death_at, now)
+            // The death is dated by `now`, the time of the event that reported it: the shells
+            // pass the server's timestamp of that event, the same clock that fires the retry's
+            // schedule. The runner's own `ended_at` is kept for operators, never used to decide.
+            decide(&mut r, report.class, now, now)
         }
         Event::KillRequested { action } => match r.state {
             s if s.is_terminal() => return Ok(unchanged_for_state(s)),

@@ -30,3 +30,43 @@ pub async fn holder(
         Err(e) => Err(BusError::kv(format!("read claim {key}"), e)),
     }
 }
+
+/// An attempt's lease (`turnpike_leases`, same key as its claim), as the stream leader has it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Lease {
+    /// Renewed within its TTL.
+    Live,
+    /// The server removed it when its TTL ran out, at this time (by the server's clock); or no
+    /// trace of it is left (`None`: its marker expired too).
+    Lapsed(Option<turnpike_core::Timestamp>),
+}
+
+/// The lease of `attempt`. A runner creates it before it claims the attempt, so for a claimed
+/// attempt a lease that is not live has lapsed, judged by the server: no clocks compared.
+pub async fn lease(bus: &Bus, turn: &TurnId, attempt: u32) -> Result<Lease, BusError> {
+    let key = subjects::claim_key(turn, attempt);
+    let stream = bus
+        .js
+        .get_stream_no_info(format!("KV_{}", subjects::BUCKET_LEASES))
+        .await
+        .map_err(|e| BusError::kv("open the leases stream", e))?;
+    match stream
+        .get_last_raw_message_by_subject(&format!("$KV.{}.{key}", subjects::BUCKET_LEASES))
+        .await
+    {
+        Ok(m) => {
+            let marker = m.payload.is_empty()
+                || m.headers.get("Nats-Marker-Reason").is_some()
+                || m.headers.get("KV-Operation").is_some();
+            Ok(if marker {
+                Lease::Lapsed(Some(turnpike_core::Timestamp::from_system_time(
+                    std::time::SystemTime::from(m.time),
+                )))
+            } else {
+                Lease::Live
+            })
+        }
+        Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => Ok(Lease::Lapsed(None)),
+        Err(e) => Err(BusError::kv(format!("read lease {key}"), e)),
+    }
+}

@@ -136,11 +136,22 @@ pub async fn create(bus: &Bus, record: TurnRecord) -> Result<(Versioned, bool), 
 /// Apply `event` with compare-and-set: on a conflicting write, re-read and apply again. New
 /// effects join whatever is still in the outbox, so a concurrent writer's effects are never lost.
 pub async fn apply_event(bus: &Bus, turn: &TurnId, event: &Event) -> Result<Applied, ApplyError> {
+    apply_event_at(bus, turn, event, now()).await
+}
+
+/// [`apply_event`] for an event that happened at `at` by the server's clock (a runner event's
+/// stream timestamp, a lease's lapse): deaths are dated, and retries scheduled, by that clock.
+pub async fn apply_event_at(
+    bus: &Bus,
+    turn: &TurnId,
+    event: &Event,
+    at: turnpike_core::Timestamp,
+) -> Result<Applied, ApplyError> {
     for _ in 0..CAS_ATTEMPTS {
         let current = load(bus, turn)
             .await?
             .ok_or_else(|| ApplyError::UnknownTurn(turn.clone()))?;
-        match lifecycle::apply(&current.record, event, now())? {
+        match lifecycle::apply(&current.record, event, at)? {
             Step::Unchanged(why) => return Ok(Applied::Unchanged(why, current)),
             Step::Changed { record, effects } => {
                 let mut record = *record;

@@ -57,6 +57,37 @@ async fn run(inner: Arc<Inner>, msg: async_nats::jetstream::Message, work: WorkI
     // The fence catches any kill this subscription misses (it is plain NATS).
     let kills = bus.client.subscribe(subjects::kill(&work.turn)).await.ok();
 
+    // The lease first, then the claim: so a claimed attempt without a live lease can only have
+    // lost it to the server's TTL, and the sweep needs no clock to tell a dead runner.
+    let key = subjects::claim_key(&work.turn, work.attempt);
+    let lease_seq = match crate::lease::take(&inner, &key).await {
+        Ok(crate::lease::Taken::Ours(seq)) => seq,
+        Ok(crate::lease::Taken::Held) => {
+            // Another runner holds the attempt: if it claimed it, this delivery is a duplicate;
+            // if it has not yet, it may still fail to, so the item comes back.
+            match turnpike_jetstream::claims::holder(&inner.bus, &work.turn, work.attempt).await {
+                Ok(Some(_)) => {
+                    info!("attempt already claimed; dropping this delivery");
+                    let _ = msg.double_ack().await;
+                }
+                _ => {
+                    debug!("another runner is taking this attempt; leaving this delivery");
+                    let _ = msg
+                        .ack_with(AckKind::Nak(Some(Duration::from_secs(1))))
+                        .await;
+                }
+            }
+            return;
+        }
+        Err(e) => {
+            warn!(error = %e, "cannot take the lease; will be redelivered");
+            let _ = msg
+                .ack_with(AckKind::Nak(Some(Duration::from_secs(1))))
+                .await;
+            return;
+        }
+    };
+
     // Claim: exactly one runner runs an attempt, however often its work item is delivered.
     let claim = ClaimRecord {
         v: FORMAT_VERSION,
@@ -85,6 +116,12 @@ async fn run(inner: Arc<Inner>, msg: async_nats::jetstream::Message, work: WorkI
         Ok(_) => {}
         Err(e) if e.kind() == CreateErrorKind::AlreadyExists => {
             info!("attempt already claimed (or cancelled); dropping this delivery");
+            // The lease we took is not the claimant's: give it back, so it cannot hide the
+            // claimant's death from the sweep.
+            let _ = bus
+                .leases
+                .purge_expect_revision(&key, Some(lease_seq))
+                .await;
             let _ = msg.double_ack().await;
             return;
         }
@@ -97,7 +134,7 @@ async fn run(inner: Arc<Inner>, msg: async_nats::jetstream::Message, work: WorkI
         }
     }
 
-    // The lease covers the attempt from its claim until its exit is reported: while it lives
+    // The lease covers the attempt from before its claim until its exit is reported: while it lives
     // (renewed every heartbeat), the attempt is ours and alive. A lease that lapses is never
     // renewed again, and stops the run.
     let (stop_tx, stop_rx) = watch::channel::<Option<StopReason>>(None);
@@ -109,6 +146,7 @@ async fn run(inner: Arc<Inner>, msg: async_nats::jetstream::Message, work: WorkI
         work.attempt,
         stop_tx.clone(),
         fence_rx,
+        lease_seq,
     );
     let fenced = run_fenced(
         &inner,

@@ -88,6 +88,67 @@ async fn still_ours(inner: &Inner, key: &str) -> Result<Option<u64>, BusError> {
     }
 }
 
+/// What taking an attempt's lease came to.
+pub(crate) enum Taken {
+    /// Ours, at this sequence.
+    Ours(u64),
+    /// Another runner holds a live lease on it: it is taking or running the attempt.
+    Held,
+}
+
+/// Create the attempt's lease, before claiming it (so a claimed attempt without a live lease has
+/// lost it to the server's TTL): expecting no lease yet, or the marker a lapsed one left.
+pub(crate) async fn take(inner: &Inner, key: &str) -> Result<Taken, BusError> {
+    let value = Bytes::from(inner.id.to_string());
+    for _ in 0..5 {
+        let subject = kv_subject(subjects::BUCKET_LEASES, key);
+        let stream = inner
+            .bus
+            .js
+            .get_stream_no_info(format!("KV_{}", subjects::BUCKET_LEASES))
+            .await
+            .map_err(|e| BusError::kv("open the leases stream", e))?;
+        let expect = match stream.get_last_raw_message_by_subject(&subject).await {
+            Ok(m) => {
+                let marker = m.payload.is_empty()
+                    || m.headers.get("Nats-Marker-Reason").is_some()
+                    || m.headers.get("KV-Operation").is_some();
+                if !marker && m.payload == value {
+                    // Ours already: a create whose ack we did not see.
+                    return Ok(Taken::Ours(m.sequence));
+                }
+                if !marker {
+                    return Ok(Taken::Held);
+                }
+                m.sequence
+            }
+            Err(e)
+                if e.kind()
+                    == async_nats::jetstream::stream::LastRawMessageErrorKind::NoMessageFound =>
+            {
+                0
+            }
+            Err(e) => return Err(BusError::kv(format!("read lease {key}"), e)),
+        };
+        let lease = inner.config.lease;
+        match put_with_ttl(
+            inner,
+            subjects::BUCKET_LEASES,
+            key,
+            lease,
+            value.clone(),
+            Some(expect),
+        )
+        .await
+        {
+            Ok(seq) => return Ok(Taken::Ours(seq)),
+            Err(BusError::Fenced { .. }) => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(Taken::Held)
+}
+
 fn ask_stop(stop: &watch::Sender<Option<StopReason>>, why: StopReason) -> bool {
     stop.send_if_modified(|s| {
         if s.is_none() {
@@ -99,8 +160,8 @@ fn ask_stop(stop: &watch::Sender<Option<StopReason>>, why: StopReason) -> bool {
     })
 }
 
-/// Hold the attempt's lease from its claim until dropped (after the exit is reported):
-/// create it, renew it every heartbeat by compare-and-set, and stop the run (`LeaseLost`) while one
+/// Hold the attempt's lease (taken at `seq` before the claim) until dropped, after the exit is
+/// reported: renew it every heartbeat by compare-and-set, and stop the run (`LeaseLost`) while one
 /// heartbeat of it is still left if renewals keep failing, or at once if it lapsed — a lapsed
 /// lease is never renewed again, since the coordinator may have declared the attempt lost. Once
 /// the attempt holds its fence (`fence`), each heartbeat also checks the fence is still its own, so
@@ -111,6 +172,7 @@ pub(crate) fn keep_alive(
     attempt: u32,
     stop: Arc<watch::Sender<Option<StopReason>>>,
     fence: watch::Receiver<Option<u64>>,
+    taken: u64,
 ) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         let key = subjects::claim_key(&turn, attempt);
@@ -120,18 +182,15 @@ pub(crate) fn keep_alive(
         // `last_ok` is when the last renewal that succeeded was *sent*: the server's TTL started
         // no earlier than that. `seq` is the lease's sequence, none until it exists.
         let mut last_ok = Instant::now();
-        let mut seq: Option<u64> = None;
-        let mut first = true;
+        let mut seq: Option<u64> = Some(taken);
         loop {
             // Stop the run while one heartbeat of the lease is still left. Both the wait and the
             // renewal are bounded by that deadline: checking only between renewals could miss
             // it by a whole heartbeat plus a renewal time-out, and keep a zombie run past its
             // lease (seen in the fault suite with lease 6 s, heartbeat 2 s).
             let stop_at = last_ok + lease.saturating_sub(beat);
-            if !first {
-                let next = Instant::now() + beat.saturating_sub(Duration::from_millis(10));
-                tokio::time::sleep_until(next.min(stop_at).into()).await;
-            }
+            let next = Instant::now() + beat.saturating_sub(Duration::from_millis(10));
+            tokio::time::sleep_until(next.min(stop_at).into()).await;
             if Instant::now() >= stop_at && ask_stop(&stop, StopReason::LeaseLost) {
                 warn!("lease about to lapse; stopping the run before the coordinator declares it lost");
             }
@@ -140,8 +199,7 @@ pub(crate) fn keep_alive(
                 Some(left) if !left.is_zero() => left.min(beat),
                 _ => beat,
             };
-            // The first put creates the lease (expecting no lease yet); every later one renews
-            // exactly the lease we hold.
+            // Every renewal renews exactly the lease we hold.
             let expect = Some(seq.unwrap_or(0));
             let renewed = tokio::time::timeout(
                 budget,
@@ -155,7 +213,6 @@ pub(crate) fn keep_alive(
                 ),
             )
             .await;
-            first = false;
             match renewed {
                 Ok(Ok(s)) => {
                     last_ok = sent;

@@ -328,35 +328,33 @@ fn give_up_notice_says_the_real_count() {
 }
 
 #[test]
-fn retry_delay_runs_from_the_recorded_death_and_is_clamped_to_now() {
+fn retry_delay_runs_from_the_time_of_the_deaths_event_not_the_runners_clock() {
+    // `now` is the server's timestamp of the event that reported the death (the shells pass
+    // it), the clock that also fires the schedule. The runner's `ended_at` decides nothing, ahead
+    // of the server's clock or behind it.
     let r = new_turn(3);
-    // Death reported 60 s in the future (another host's clock): the delay runs from `now`.
-    let (r2, effects) = step(
-        &r,
-        Event::Exited {
-            attempt: 1,
-            report: report(ExitClass::Crashed, 0, at(70)),
-        },
-        at(10),
-    );
-    assert_eq!(r2.next_attempt_due, Some(at(20)));
-    assert_eq!(
-        effects,
-        vec![Effect::DispatchAttempt {
-            attempt: 2,
-            not_before: Some(at(20))
-        }]
-    );
-    // A death reported in the past (the coordinator was down): due stays death + delay.
-    let (r3, _) = step(
-        &r,
-        Event::Exited {
-            attempt: 1,
-            report: report(ExitClass::Crashed, 0, at(5)),
-        },
-        at(100),
-    );
-    assert_eq!(r3.next_attempt_due, Some(at(15)));
+    for runner_clock in [at(70), at(5)] {
+        let (r2, effects) = step(
+            &r,
+            Event::Exited {
+                attempt: 1,
+                report: report(ExitClass::Crashed, 0, runner_clock),
+            },
+            at(10),
+        );
+        assert_eq!(
+            r2.next_attempt_due,
+            Some(at(20)),
+            "runner clock {runner_clock:?}"
+        );
+        assert_eq!(
+            effects,
+            vec![Effect::DispatchAttempt {
+                attempt: 2,
+                not_before: Some(at(20))
+            }]
+        );
+    }
 }
 
 #[test]

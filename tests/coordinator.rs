@@ -719,13 +719,7 @@ async fn an_event_from_a_runner_that_does_not_hold_the_claim_is_refused() {
         .expect("turn")
         .record;
     assert_eq!(still.state, TurnState::Running, "{still:#?}");
-    let reply = ops(
-        &p.bus,
-        subjects::OPS_KILL,
-        serde_json::json!({"v": 1, "by": "tester", "turn": turn}),
-    )
-    .await;
-    assert!(reply.ok);
+    assert!(kill_turn(&p.bus, &turn).await.ok);
     assert_eq!(wait_ended(&p.bus, &turn, T).await.state, TurnState::Killed);
     p.stop().await;
 }

@@ -7,7 +7,6 @@ use std::time::Duration;
 use turnpike_core::lifecycle::TurnState;
 use turnpike_core::wire::{ExitClass, OutboundKind};
 use turnpike_jetstream::Bus;
-use turnpike_testkit::{CutProxy, NatsServer};
 use turnpike_tests::*;
 
 const AGENT: &str = env!("CARGO_BIN_EXE_test-agent");
@@ -16,21 +15,19 @@ const T: Duration = Duration::from_secs(60);
 #[tokio::test]
 async fn a_cut_off_runners_late_output_is_refused_and_the_turn_retried_elsewhere() {
     init_logs();
-    let server = NatsServer::start();
-    let proxy = CutProxy::start(server.port()).await;
-    let config = test_config(&server, AGENT);
+    let f = Faulty::start(AGENT).await;
+    let (proxy, config) = (&f.proxy, &f.config);
     let roles = [
-        start_dispatcher(&config).await,
-        start_coordinator(&config).await,
+        start_dispatcher(config).await,
+        start_coordinator(config).await,
     ];
     // The runner that will be cut off talks to NATS only through the proxy.
     let cut_runner = start_runner(&turnpike_config::Config {
-        nats_url: proxy.url(),
         runner_id: Some("cut-off".into()),
-        ..config.clone()
+        ..f.through_proxy()
     })
     .await;
-    let bus = Bus::connect(&config, "test").await.expect("bus");
+    let bus = Bus::connect(config, "test").await.expect("bus");
     // Replies after 1.5 s: while the runner is cut off, before it gives up on its lease.
     let turn = send(&bus, "chat-f", "m-1", "sleep:1.5").await;
     wait_state(&bus, &turn, TurnState::Running).await;

@@ -6,29 +6,13 @@ use futures::StreamExt;
 use std::time::Duration;
 use turnpike_core::lifecycle::TurnState;
 use turnpike_core::subjects;
-use turnpike_core::wire::{ExitClass, OutboundKind, RunnerEvent, RunnerEventKind};
+use turnpike_core::wire::{ExitClass, OutboundKind};
 use turnpike_core::TurnId;
-use turnpike_jetstream::{decode, Bus};
-use turnpike_testkit::{eventually, CutProxy, NatsServer};
+use turnpike_jetstream::Bus;
 use turnpike_tests::*;
 
 const AGENT: &str = env!("CARGO_BIN_EXE_test-agent");
 const T: Duration = Duration::from_secs(60);
-
-/// The exit the runner reported for `attempt`, once it is in the events stream.
-async fn reported_exit(bus: &Bus, turn: &TurnId, attempt: u32) -> ExitClass {
-    eventually(T, &format!("exit report of {turn}.{attempt}"), || async {
-        read_all(&bus.js, subjects::STREAM_EVENTS, &subjects::events(turn))
-            .await
-            .into_iter()
-            .filter_map(|m| decode::<RunnerEvent>(m.headers.as_ref(), &m.payload).ok())
-            .find_map(|ev| match ev.kind {
-                RunnerEventKind::Exited { report } if ev.attempt == attempt => Some(report.class),
-                _ => None,
-            })
-    })
-    .await
-}
 
 /// Nothing of the turn but notices and its status posts, and its final status is its last item.
 async fn assert_posted_nothing(bus: &Bus, chat: &str, turn: &TurnId) {
@@ -50,22 +34,17 @@ async fn assert_posted_nothing(bus: &Bus, chat: &str, turn: &TurnId) {
 #[tokio::test]
 async fn a_kill_sent_the_instant_the_attempt_is_claimed_sticks() {
     init_logs();
-    let server = NatsServer::start();
-    let proxy = CutProxy::start(server.port()).await;
-    let config = test_config(&server, AGENT);
+    let f = Faulty::start(AGENT).await;
+    let (proxy, config) = (&f.proxy, &f.config);
     let roles = [
-        start_dispatcher(&config).await,
-        start_coordinator(&config).await,
+        start_dispatcher(config).await,
+        start_coordinator(config).await,
     ];
     // Every round trip of the runner takes over half a second, so the kill below is decided
     // while the runner is between its claim and everything after it, whatever the scheduling.
     proxy.set_delay(Duration::from_millis(300));
-    let runner = start_runner(&turnpike_config::Config {
-        nats_url: proxy.url(),
-        ..config.clone()
-    })
-    .await;
-    let bus = Bus::connect(&config, "test").await.expect("bus");
+    let runner = start_runner(&f.through_proxy()).await;
+    let bus = Bus::connect(config, "test").await.expect("bus");
     let turn = TurnId::for_message(&turnpike_core::ChatId::new("chat-k").expect("chat"), "m-1");
     let mut claims = bus
         .claims
@@ -78,18 +57,13 @@ async fn a_kill_sent_the_instant_the_attempt_is_claimed_sticks() {
         .await
         .expect("the claim appears")
         .expect("entry");
-    let reply = ops(
-        &bus,
-        subjects::OPS_KILL,
-        serde_json::json!({"v": 1, "by": "tester", "turn": turn}),
-    )
-    .await;
+    let reply = kill_turn(&bus, &turn).await;
     assert!(reply.ok, "{reply:?}");
     let record = wait_ended(&bus, &turn, T).await;
     assert_eq!(record.state, TurnState::Killed);
     // The runner saw the kill, however late: it reports the attempt killed...
     assert_eq!(
-        reported_exit(&bus, &turn, 1).await,
+        exit_report(&bus, &turn, 1).await.class,
         ExitClass::OperatorKilled
     );
     // ... and, its report being its last act, nothing of it can land any more.
@@ -103,36 +77,26 @@ async fn a_kill_sent_the_instant_the_attempt_is_claimed_sticks() {
 #[tokio::test]
 async fn a_kill_the_runner_never_received_still_stops_its_run() {
     init_logs();
-    let server = NatsServer::start();
-    let proxy = CutProxy::start(server.port()).await;
-    let config = test_config(&server, AGENT);
+    let f = Faulty::start(AGENT).await;
+    let (proxy, config) = (&f.proxy, &f.config);
     let roles = [
-        start_dispatcher(&config).await,
-        start_coordinator(&config).await,
+        start_dispatcher(config).await,
+        start_coordinator(config).await,
     ];
-    let runner = start_runner(&turnpike_config::Config {
-        nats_url: proxy.url(),
-        ..config.clone()
-    })
-    .await;
-    let bus = Bus::connect(&config, "test").await.expect("bus");
+    let runner = start_runner(&f.through_proxy()).await;
+    let bus = Bus::connect(config, "test").await.expect("bus");
     let turn = send(&bus, "chat-l", "m-1", "hang").await;
     wait_state(&bus, &turn, TurnState::Running).await;
     // The runner is off the wire while the kill is sent: the message meant for it is gone.
     proxy.cut();
-    let reply = ops(
-        &bus,
-        subjects::OPS_KILL,
-        serde_json::json!({"v": 1, "by": "tester", "turn": turn}),
-    )
-    .await;
+    let reply = kill_turn(&bus, &turn).await;
     assert!(reply.ok, "{reply:?}");
     proxy.restore();
     // It still stops: the fence moved, and a running attempt checks its fence every heartbeat.
     let record = wait_ended(&bus, &turn, T).await;
     assert_eq!(record.state, TurnState::Killed);
     assert_eq!(
-        reported_exit(&bus, &turn, 1).await,
+        exit_report(&bus, &turn, 1).await.class,
         ExitClass::OperatorKilled
     );
     assert_posted_nothing(&bus, "chat-l", &turn).await;

@@ -37,6 +37,35 @@ pub fn test_config(server: &NatsServer, agent: &str) -> Config {
     }
 }
 
+/// A nats-server with a fault injector (`CutProxy`) in front of it, and the test config for it:
+/// roles started with [`Faulty::through_proxy`] talk to NATS only through the proxy.
+pub struct Faulty {
+    pub server: NatsServer,
+    pub proxy: turnpike_testkit::CutProxy,
+    pub config: Config,
+}
+
+impl Faulty {
+    pub async fn start(agent: &str) -> Faulty {
+        let server = NatsServer::start();
+        let proxy = turnpike_testkit::CutProxy::start(server.port()).await;
+        let config = test_config(&server, agent);
+        Faulty {
+            server,
+            proxy,
+            config,
+        }
+    }
+
+    /// The config of a role behind the proxy.
+    pub fn through_proxy(&self) -> Config {
+        Config {
+            nats_url: self.proxy.url(),
+            ..self.config.clone()
+        }
+    }
+}
+
 /// One role running in this process.
 pub struct Role {
     token: CancellationToken,
@@ -183,6 +212,41 @@ pub async fn ops(
         .await
         .expect("a coordinator answers");
     serde_json::from_slice(&reply.payload).expect("an ops reply")
+}
+
+/// An operator's kill of `turn`, by "tester".
+pub async fn kill_turn(bus: &Bus, turn: &TurnId) -> turnpike_core::wire::OpsReply {
+    ops(
+        bus,
+        subjects::OPS_KILL,
+        serde_json::json!({"v": 1, "by": "tester", "turn": turn}),
+    )
+    .await
+}
+
+/// The exit report a runner published for `attempt` of `turn`, once it is in the events stream
+/// (the runner's own account, whether or not the coordinator took it).
+pub async fn exit_report(
+    bus: &Bus,
+    turn: &TurnId,
+    attempt: u32,
+) -> turnpike_core::wire::ExitReport {
+    use turnpike_core::wire::{RunnerEvent, RunnerEventKind};
+    eventually(
+        Duration::from_secs(60),
+        &format!("exit report of {turn}.{attempt}"),
+        || async {
+            read_all(&bus.js, subjects::STREAM_EVENTS, &subjects::events(turn))
+                .await
+                .into_iter()
+                .filter_map(|m| decode::<RunnerEvent>(m.headers.as_ref(), &m.payload).ok())
+                .find_map(|ev| match ev.kind {
+                    RunnerEventKind::Exited { report } if ev.attempt == attempt => Some(report),
+                    _ => None,
+                })
+        },
+    )
+    .await
 }
 
 /// Publish an inbound message with one attachment (already uploaded under `object`).

@@ -7,7 +7,7 @@ use turnpike_core::subjects;
 use turnpike_core::wire::ExitClass;
 use turnpike_core::{ChatId, TurnId};
 use turnpike_jetstream::Bus;
-use turnpike_testkit::{eventually, CutProxy, NatsServer};
+use turnpike_testkit::eventually;
 use turnpike_tests::*;
 
 const AGENT: &str = env!("CARGO_BIN_EXE_test-agent");
@@ -27,14 +27,13 @@ fn classes(record: &turnpike_core::TurnRecord) -> Vec<Option<ExitClass>> {
 #[tokio::test]
 async fn a_retry_whose_runner_dies_between_claim_and_start_is_retried_again() {
     init_logs();
-    let server = NatsServer::start();
-    let proxy = CutProxy::start(server.port()).await;
-    let config = test_config(&server, AGENT);
+    let f = Faulty::start(AGENT).await;
+    let (proxy, config) = (&f.proxy, &f.config);
     let roles = [
-        start_dispatcher(&config).await,
-        start_coordinator(&config).await,
+        start_dispatcher(config).await,
+        start_coordinator(config).await,
     ];
-    let bus = Bus::connect(&config, "test").await.expect("bus");
+    let bus = Bus::connect(config, "test").await.expect("bus");
     let turn = TurnId::for_message(&ChatId::new("chat-r").expect("chat"), "m-1");
     let mut claim2 = bus
         .claims
@@ -48,9 +47,8 @@ async fn a_retry_whose_runner_dies_between_claim_and_start_is_retried_again() {
         ROLE,
         "runner",
         &turnpike_config::Config {
-            nats_url: proxy.url(),
             runner_id: Some("doomed".into()),
-            ..config.clone()
+            ..f.through_proxy()
         },
     );
     send(&bus, "chat-r", "m-1", "die-until:3").await;
@@ -94,31 +92,18 @@ async fn a_retry_whose_runner_dies_between_claim_and_start_is_retried_again() {
 #[tokio::test]
 async fn a_turn_killed_before_it_joined_its_chat_does_not_wedge_the_chat() {
     init_logs();
-    let server = NatsServer::start();
-    let proxy = CutProxy::start(server.port()).await;
-    let config = test_config(&server, AGENT);
+    let f = Faulty::start(AGENT).await;
+    let (proxy, config) = (&f.proxy, &f.config);
     // The dispatcher's every round trip is slow, so the kill lands between its steps.
     proxy.set_delay(Duration::from_millis(300));
-    let dispatcher = start_dispatcher(&turnpike_config::Config {
-        nats_url: proxy.url(),
-        ..config.clone()
-    })
-    .await;
-    let roles = [
-        start_coordinator(&config).await,
-        start_runner(&config).await,
-    ];
-    let bus = Bus::connect(&config, "test").await.expect("bus");
+    let dispatcher = start_dispatcher(&f.through_proxy()).await;
+    let roles = [start_coordinator(config).await, start_runner(config).await];
+    let bus = Bus::connect(config, "test").await.expect("bus");
     let first = TurnId::for_message(&ChatId::new("chat-w").expect("chat"), "m-1");
     let mut created = bus.turns.watch(first.as_str()).await.expect("watch");
     send(&bus, "chat-w", "m-1", "hang").await;
     created.next().await.expect("created").expect("entry");
-    let reply = ops(
-        &bus,
-        subjects::OPS_KILL,
-        serde_json::json!({"v": 1, "by": "tester", "turn": first}),
-    )
-    .await;
+    let reply = kill_turn(&bus, &first).await;
     assert!(reply.ok, "{reply:?}");
     let second = send(&bus, "chat-w", "m-2", "reply:after the kill").await;
     let r = wait_ended(&bus, &second, T).await;
@@ -155,23 +140,7 @@ async fn a_runner_whose_lease_lapsed_stops_its_run_and_never_renews_it() {
         .await
         .expect("purge the lease");
     // The runner's own report: it stopped the run because its lease was gone.
-    let report = eventually(T, "the runner's exit report", || async {
-        read_all(&p.bus.js, subjects::STREAM_EVENTS, &subjects::events(&turn))
-            .await
-            .into_iter()
-            .filter_map(|m| {
-                turnpike_jetstream::decode::<turnpike_core::wire::RunnerEvent>(
-                    m.headers.as_ref(),
-                    &m.payload,
-                )
-                .ok()
-            })
-            .find_map(|ev| match ev.kind {
-                turnpike_core::wire::RunnerEventKind::Exited { report } => Some(report),
-                _ => None,
-            })
-    })
-    .await;
+    let report = exit_report(&p.bus, &turn, 1).await;
     assert_eq!(report.class, ExitClass::RunnerLost, "{report:?}");
     assert!(
         report
@@ -237,19 +206,11 @@ async fn an_ended_turn_leaves_the_live_index_with_a_marker_that_expires() {
 #[tokio::test]
 async fn a_chats_order_survives_a_dispatcher_that_died_holding_its_messages() {
     init_logs();
-    let server = NatsServer::start();
-    let proxy = CutProxy::start(server.port()).await;
-    let config = test_config(&server, AGENT);
-    let roles = [
-        start_coordinator(&config).await,
-        start_runner(&config).await,
-    ];
-    let bus = Bus::connect(&config, "test").await.expect("bus");
-    let doomed = start_dispatcher(&turnpike_config::Config {
-        nats_url: proxy.url(),
-        ..config.clone()
-    })
-    .await;
+    let f = Faulty::start(AGENT).await;
+    let (proxy, config) = (&f.proxy, &f.config);
+    let roles = [start_coordinator(config).await, start_runner(config).await];
+    let bus = Bus::connect(config, "test").await.expect("bus");
+    let doomed = start_dispatcher(&f.through_proxy()).await;
     // Warm up: the doomed dispatcher is pulling.
     let warm = send(&bus, "chat-warm", "w", "reply:warm").await;
     wait_ended(&bus, &warm, T).await;
@@ -279,7 +240,7 @@ async fn a_chats_order_survives_a_dispatcher_that_died_holding_its_messages() {
     .await;
     doomed.abort();
     proxy.release();
-    let survivor = start_dispatcher(&config).await;
+    let survivor = start_dispatcher(config).await;
     let m3 = send(&bus, "chat-o", "m-3", "reply:third").await;
     let mut ended = Vec::new();
     for t in [&m1, &m2, &m3] {

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::watch;
 use tracing::warn;
 use turnpike_core::{subjects, TurnId};
-use turnpike_jetstream::BusError;
+use turnpike_jetstream::{claims, BusError};
 
 /// The raw subject of a key: KV puts are publishes, and only a raw publish carries `Nats-TTL`.
 fn kv_subject(bucket: &str, key: &str) -> String {
@@ -61,31 +61,13 @@ pub(crate) async fn put_with_ttl(
     Ok(ack.sequence)
 }
 
-/// The lease key's last value, read from the stream leader: `Some(seq)` if it is still our
-/// live lease (a renewal whose ack we missed), `None` if it lapsed or is someone else's.
+/// `Some(seq)` if the lease key's last value is still our live lease (a write whose ack we
+/// missed), `None` if it lapsed or is someone else's.
 async fn still_ours(inner: &Inner, key: &str) -> Result<Option<u64>, BusError> {
-    let subject = kv_subject(subjects::BUCKET_LEASES, key);
-    let stream = inner
-        .bus
-        .js
-        .get_stream_no_info(format!("KV_{}", subjects::BUCKET_LEASES))
-        .await
-        .map_err(|e| BusError::kv("open the leases stream", e))?;
-    match stream.get_last_raw_message_by_subject(&subject).await {
-        Ok(m) => {
-            // A lapsed lease leaves an empty delete marker (or nothing, once that expired too).
-            let marker = m.headers.get("Nats-Marker-Reason").is_some()
-                || m.headers.get("KV-Operation").is_some();
-            Ok((!marker && m.payload == inner.id.as_str().as_bytes()).then_some(m.sequence))
-        }
-        Err(e)
-            if e.kind()
-                == async_nats::jetstream::stream::LastRawMessageErrorKind::NoMessageFound =>
-        {
-            Ok(None)
-        }
-        Err(e) => Err(BusError::kv(format!("read lease {key}"), e)),
-    }
+    let last = claims::last_value(&inner.bus, subjects::BUCKET_LEASES, key).await?;
+    Ok(last
+        .filter(|l| l.value.as_deref() == Some(inner.id.as_str().as_bytes()))
+        .map(|l| l.seq))
 }
 
 /// What taking an attempt's lease came to.
@@ -101,34 +83,14 @@ pub(crate) enum Taken {
 pub(crate) async fn take(inner: &Inner, key: &str) -> Result<Taken, BusError> {
     let value = Bytes::from(inner.id.to_string());
     for _ in 0..5 {
-        let subject = kv_subject(subjects::BUCKET_LEASES, key);
-        let stream = inner
-            .bus
-            .js
-            .get_stream_no_info(format!("KV_{}", subjects::BUCKET_LEASES))
-            .await
-            .map_err(|e| BusError::kv("open the leases stream", e))?;
-        let expect = match stream.get_last_raw_message_by_subject(&subject).await {
-            Ok(m) => {
-                let marker = m.payload.is_empty()
-                    || m.headers.get("Nats-Marker-Reason").is_some()
-                    || m.headers.get("KV-Operation").is_some();
-                if !marker && m.payload == value {
-                    // Ours already: a create whose ack we did not see.
-                    return Ok(Taken::Ours(m.sequence));
-                }
-                if !marker {
-                    return Ok(Taken::Held);
-                }
-                m.sequence
-            }
-            Err(e)
-                if e.kind()
-                    == async_nats::jetstream::stream::LastRawMessageErrorKind::NoMessageFound =>
-            {
-                0
-            }
-            Err(e) => return Err(BusError::kv(format!("read lease {key}"), e)),
+        let expect = match claims::last_value(&inner.bus, subjects::BUCKET_LEASES, key).await? {
+            None => 0,
+            Some(last) => match last.value {
+                None => last.seq,
+                // Ours already: a create whose ack we did not see.
+                Some(v) if v == value => return Ok(Taken::Ours(last.seq)),
+                Some(_) => return Ok(Taken::Held),
+            },
         };
         let lease = inner.config.lease;
         match put_with_ttl(
@@ -213,27 +175,45 @@ pub(crate) fn keep_alive(
                 ),
             )
             .await;
+            // Every other request of this loop is bounded by the same deadline: one that waits for
+            // the client's own time-out while cut off would keep the run past its lease.
+            let left = || {
+                stop_at
+                    .checked_duration_since(Instant::now())
+                    .unwrap_or_default()
+                    .min(beat)
+            };
+            let renewed_ok = matches!(renewed, Ok(Ok(_)));
             match renewed {
                 Ok(Ok(s)) => {
                     last_ok = sent;
                     seq = Some(s);
                 }
-                Ok(Err(BusError::Fenced { .. })) => match still_ours(&inner, &key).await {
-                    Ok(Some(s)) => seq = Some(s),
-                    Ok(None) => {
-                        if ask_stop(&stop, StopReason::LeaseLost) {
-                            warn!("the lease lapsed; stopping the run and never renewing it");
+                Ok(Err(BusError::Fenced { .. })) => {
+                    match tokio::time::timeout(left(), still_ours(&inner, &key)).await {
+                        Ok(Ok(Some(s))) => seq = Some(s),
+                        Ok(Ok(None)) => {
+                            if ask_stop(&stop, StopReason::LeaseLost) {
+                                warn!("the lease lapsed; stopping the run and never renewing it");
+                            }
+                            return;
                         }
-                        return;
+                        Ok(Err(e)) => warn!(error = %e, "lease state unknown; retrying"),
+                        Err(_) => warn!("lease state unknown (timed out); retrying"),
                     }
-                    Err(e) => warn!(error = %e, "lease state unknown; retrying"),
-                },
+                }
                 Ok(Err(e)) => warn!(error = %e, "lease renewal failed"),
                 Err(_) => warn!("lease renewal timed out"),
             }
+            // The fence check, only while NATS answers (a renewal just went through).
             let ours = *fence.borrow();
-            if let Some(ours) = ours {
-                if let Ok(last) = turnpike_jetstream::fence::last(&inner.bus, &turn).await {
+            if let (true, Some(ours)) = (renewed_ok, ours) {
+                let read = tokio::time::timeout(
+                    left(),
+                    turnpike_jetstream::fence::last(&inner.bus, &turn),
+                )
+                .await;
+                if let Ok(Ok(last)) = read {
                     let why = match turnpike_core::fence::check(last.as_ref(), ours) {
                         None => None,
                         Some(turnpike_core::fence::Fenced::Killed) => Some(StopReason::Operator),

@@ -12,6 +12,7 @@ use std::time::{Duration, SystemTime};
 use tracing::{debug, info, warn};
 use turnpike_config::Config;
 use turnpike_core::lifecycle::{Effect, Event, TurnState};
+use turnpike_core::recovery;
 use turnpike_core::subjects;
 use turnpike_core::wire::{
     ClaimHolder, ClaimRecord, ExitClass, ExitReport, RunnerEvent, RunnerEventKind, WorkItem,
@@ -87,29 +88,28 @@ async fn sweep_turn(
         return Ok(());
     };
     let record = &current.record;
-    if !record.state.is_terminal()
-        && !record.outbox.is_empty()
-        && now().since(record.updated_at) > config.heartbeat
-    {
+    let stale = now().since(record.updated_at) > config.heartbeat;
+    let (leftovers, plan) = recovery::plan(record, stale);
+    if leftovers {
         // Effects decided a while ago and still not confirmed (a kill to forward, say): the
         // writer failed after its CAS. They are idempotent; carry them out now rather than wait
         // for the turn's next event.
         turns::run_outbox(bus, current.clone()).await?;
     }
-    match record.state {
-        s if s.is_terminal() => {
+    match plan {
+        recovery::Plan::Finish => {
             // Ended, but its effects (Ended drops it from this index) did not all happen.
             turns::run_outbox(bus, current.clone()).await?;
             let _ = turns::unlist_live(bus, turn).await;
             report.cleaned += 1;
         }
-        TurnState::Queued | TurnState::Running => {
+        recovery::Plan::CheckAttempt { .. } => {
             check_attempt_alive(bus, config, counters, record, report).await?;
         }
-        TurnState::PendingRetry => {
+        recovery::Plan::CheckRetry { .. } => {
             check_retry_scheduled(bus, config, counters, record, report).await?;
         }
-        _ => {}
+        recovery::Plan::Nothing => {}
     }
     Ok(())
 }
@@ -135,7 +135,15 @@ async fn check_attempt_alive(
         .entry(key.as_str())
         .await
         .map_err(|e| BusError::kv(format!("read claim {key}"), e))?;
-    let Some(claim) = claim.filter(|c| !c.value.is_empty()) else {
+    let claim = match claim.filter(|c| !c.value.is_empty()) {
+        None => recovery::Claim::None,
+        Some(c) => match decode_kv::<ClaimRecord>(&c.value).map(|c| c.holder) {
+            Ok(ClaimHolder::Cancelled) => recovery::Claim::Cancelled,
+            // A claim that does not decode was still made by someone: judged by its lease.
+            _ => recovery::Claim::Runner,
+        },
+    };
+    if claim == recovery::Claim::None {
         let waited = now().since(record.updated_at);
         if record.state == TurnState::Queued && waited > QUEUED_LONG {
             warn!(turn_id = %turn, attempt = k, waited = ?waited, "attempt queued far longer than expected: are runners up?");
@@ -143,20 +151,24 @@ async fn check_attempt_alive(
             counters.queued_long();
         }
         return Ok(());
-    };
-    let holder = decode_kv::<ClaimRecord>(&claim.value).map(|c| c.holder);
-    if matches!(holder, Ok(ClaimHolder::Cancelled)) {
+    }
+    if claim == recovery::Claim::Cancelled {
         return Ok(());
     }
     // The runner made its lease before its claim: a claimed attempt whose lease is not live
     // lost it to the server's TTL. No host's clock is compared with another's.
-    let lapsed_at = match turnpike_jetstream::claims::lease(bus, turn, k).await? {
-        Lease::Live => return Ok(()),
-        Lease::Lapsed(at) => at.unwrap_or_else(now),
+    let (lease, lapsed_at) = match turnpike_jetstream::claims::lease(bus, turn, k).await? {
+        Lease::Live => (recovery::Lease::Live, now()),
+        Lease::Lapsed(at) => (recovery::Lease::Lapsed, at.unwrap_or_else(now)),
     };
-    if exit_reported(bus, turn, k).await {
-        debug!(turn_id = %turn, attempt = k, "lease lapsed after the exit was reported; the event settles it");
-        return Ok(());
+    let reported = lease == recovery::Lease::Lapsed && exit_reported(bus, turn, k).await;
+    match recovery::judge_attempt(claim, lease, reported) {
+        recovery::Attempt::Fine => return Ok(()),
+        recovery::Attempt::ExitOnItsWay => {
+            debug!(turn_id = %turn, attempt = k, "lease lapsed after the exit was reported; the event settles it");
+            return Ok(());
+        }
+        recovery::Attempt::Lost => {}
     }
     // Move the fence first, and only if attempt k could still hold it: from here on nothing of
     // the lost attempt can land, so the count below is final. A record read before a later
@@ -225,35 +237,40 @@ async fn check_retry_scheduled(
     // Claimed: a runner has it (its schedule fired), and it may have died before reporting it
     // started. Its lease tells, as for a running attempt.
     let key = subjects::claim_key(turn, k);
-    let claim = bus
+    let claimed = bus
         .claims
         .entry(key.as_str())
         .await
-        .map_err(|e| BusError::kv(format!("read claim {key}"), e))?;
-    if claim.is_some_and(|c| !c.value.is_empty()) {
-        return check_attempt_alive(bus, config, counters, record, report).await;
-    }
-    let stream = bus
-        .js
-        .get_stream(subjects::STREAM_WORK)
-        .await
-        .map_err(|e| BusError::kv("open work stream", e))?;
-    // Still scheduled.
-    if stream
-        .get_last_raw_message_by_subject(&subjects::work_schedule(turn, k))
-        .await
-        .is_ok()
-    {
-        return Ok(());
-    }
-    // Fired, waiting in the queue.
-    if let Ok(m) = stream
-        .get_last_raw_message_by_subject(&subjects::work_run(turn))
-        .await
-    {
-        if decode::<WorkItem>(Some(&m.headers), &m.payload).is_ok_and(|w| w.attempt == k) {
-            return Ok(());
+        .map_err(|e| BusError::kv(format!("read claim {key}"), e))?
+        .is_some_and(|c| !c.value.is_empty());
+    let (mut scheduled, mut queued) = (false, false);
+    if !claimed {
+        let stream = bus
+            .js
+            .get_stream(subjects::STREAM_WORK)
+            .await
+            .map_err(|e| BusError::kv("open work stream", e))?;
+        scheduled = stream
+            .get_last_raw_message_by_subject(&subjects::work_schedule(turn, k))
+            .await
+            .is_ok();
+        // Fired, waiting in the queue.
+        if !scheduled {
+            if let Ok(m) = stream
+                .get_last_raw_message_by_subject(&subjects::work_run(turn))
+                .await
+            {
+                queued =
+                    decode::<WorkItem>(Some(&m.headers), &m.payload).is_ok_and(|w| w.attempt == k);
+            }
         }
+    }
+    match recovery::judge_retry(claimed, scheduled, queued) {
+        recovery::Retry::CheckAttempt => {
+            return check_attempt_alive(bus, config, counters, record, report).await
+        }
+        recovery::Retry::OnItsWay => return Ok(()),
+        recovery::Retry::Reschedule => {}
     }
     // Owed and nowhere: the outbox must have lost it (e.g. cleared by a bug or a purge).
     let due = record.next_attempt_due.unwrap_or_else(now);

@@ -10,7 +10,7 @@ pub const CONTENT_TYPE: &str = "Content-Type";
 pub const JSON: &str = "application/json";
 pub const MSGPACK: &str = "application/msgpack";
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Codec {
     #[default]

@@ -23,7 +23,7 @@ fn v1() -> u16 {
 }
 
 /// One marker on the fence subject.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct FenceMarker {
     #[serde(default = "v1")]
     pub v: u16,
@@ -43,7 +43,7 @@ impl crate::wire::Versioned for FenceMarker {
 }
 
 /// Who holds the fence after this marker.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum FenceHolder {
     /// A runner runs `attempt` and may land its output.

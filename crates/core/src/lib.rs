@@ -1,19 +1,25 @@
 //! Turnpike's core: everything that decides what happens to a turn, with no IO.
 //!
 //! - [`lifecycle`]: the turn state machine, `apply(record, event, now) -> (record, effects)`.
+//! - [`chat`]: per-chat order (one live turn, the rest waiting) and the history turns are given.
 //! - [`wire`]: every message that crosses NATS, and the turn record stored in KV.
 //! - [`codec`]: JSON (default) and MessagePack, chosen by a `Content-Type` header.
 //! - [`subjects`]: the one place subject, stream, bucket and dedup-id names are built.
+//! - [`exit`]: how a run ended, classified the same way for every backend.
 //! - [`fence`]: which attempt may land output, from the fence subject's last marker.
+//! - [`recovery`]: what the recovery sweep does with a turn no event will settle.
 //! - [`texts`]: the exact user-facing notices and the retry preamble.
 //!
 //! Nothing here reads a clock, a socket or a file: time is passed in as [`Timestamp`].
 
+pub mod chat;
 pub mod codec;
+pub mod exit;
 pub mod fence;
 pub mod history;
 pub mod ids;
 pub mod lifecycle;
+pub mod recovery;
 pub mod subjects;
 pub mod texts;
 pub mod time;

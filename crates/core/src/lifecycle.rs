@@ -94,7 +94,7 @@ impl std::str::FromStr for TurnState {
 }
 
 /// Why a terminal turn ended as it did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum OutcomeReason {
     Replied,
@@ -106,7 +106,7 @@ pub enum OutcomeReason {
     OperatorKilled,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Outcome {
     pub reason: OutcomeReason,
     pub at: Timestamp,
@@ -114,7 +114,7 @@ pub struct Outcome {
     pub attempts: u32,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum NoticeKind {
     GiveUp,
@@ -122,7 +122,7 @@ pub enum NoticeKind {
     SilentTurn,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct NoticeRecord {
     pub kind: NoticeKind,
     pub text: String,
@@ -131,7 +131,7 @@ pub struct NoticeRecord {
 }
 
 /// One attempt's history, kept in the turn record for operators (`turnpike turns show`).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct AttemptRecord {
     pub n: u32,
     /// When a retry was due (death time + retry delay); none for attempt 1.
@@ -174,7 +174,7 @@ impl AttemptRecord {
 }
 
 /// The value in the `turnpike_turns` bucket: everything that decides a turn.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct TurnRecord {
     #[serde(default = "v1")]
     pub v: u16,
@@ -225,7 +225,7 @@ fn v1() -> u16 {
 }
 
 /// What a shell tells the state machine.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum Event {
     /// The chat's earlier turn ended; this one may start. `history` is the chat's history as it is
@@ -256,7 +256,7 @@ pub enum Event {
 
 /// What the state machine asks a shell to do. Every effect is idempotent (dedup ids derived from
 /// turn and attempt), so carrying one out twice is harmless.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum Effect {
     /// Publish the work item of `attempt`, now (`not_before` none) or scheduled at `not_before`.

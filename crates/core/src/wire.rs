@@ -45,14 +45,14 @@ versioned!(
 );
 
 /// An attachment reference: the file lives in the JetStream object store under `object`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Attachment {
     pub name: String,
     pub object: String,
 }
 
 /// Published by a chat adapter on `turnpike.chat.in.<chat>`, with `Nats-Msg-Id` set to `id`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct InboundMessage {
     #[serde(default = "v1")]
     pub v: u16,
@@ -66,7 +66,7 @@ pub struct InboundMessage {
     pub attachments: Vec<Attachment>,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Role {
     User,
@@ -76,7 +76,7 @@ pub enum Role {
 }
 
 /// One line of conversation history, snapshotted when the turn is created.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct HistoryEntry {
     pub role: Role,
     pub text: String,
@@ -84,7 +84,7 @@ pub struct HistoryEntry {
 
 /// A turn attempt: the work item on `turnpike.work.run.<turn>`. Self-contained, so a runner never
 /// needs to read turn state: the same message, attachments and history on every attempt.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct WorkItem {
     #[serde(default = "v1")]
     pub v: u16,
@@ -101,7 +101,7 @@ pub struct WorkItem {
 }
 
 /// The one JSON document an agent reads on stdin (then EOF).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct AgentInput {
     #[serde(default = "v1")]
     pub v: u16,
@@ -140,7 +140,7 @@ impl AgentInput {
 }
 
 /// One line an agent writes on stdout.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum AgentLine {
     /// A bot message for the chat.
@@ -155,7 +155,7 @@ pub enum AgentLine {
     },
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum AgentStatus {
     Ok,
@@ -218,7 +218,7 @@ impl ExitClass {
 }
 
 /// The runner's report of how an attempt ended.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct ExitReport {
     pub class: ExitClass,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -253,7 +253,7 @@ impl ExitReport {
 }
 
 /// What a runner says about an attempt, on `turnpike.events.<turn>`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct RunnerEvent {
     #[serde(default = "v1")]
     pub v: u16,
@@ -265,7 +265,7 @@ pub struct RunnerEvent {
     pub kind: RunnerEventKind,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum RunnerEventKind {
     /// The attempt was claimed and its container started. `published_at` is when the work item was
@@ -285,7 +285,7 @@ pub enum RunnerEventKind {
     Exited { report: ExitReport },
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum OutboundKind {
     /// A bot message.
@@ -297,7 +297,7 @@ pub enum OutboundKind {
 }
 
 /// Published on `turnpike.chat.out.<chat>`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct OutboundItem {
     #[serde(default = "v1")]
     pub v: u16,
@@ -315,7 +315,7 @@ pub struct OutboundItem {
 
 /// An operator's request to the coordinators (`turnpike.ops.*`): `turn` for kill and rerun,
 /// `chat` for clear; `by` names the operator for the record.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct OpsRequest {
     #[serde(default = "v1")]
     pub v: u16,
@@ -327,7 +327,7 @@ pub struct OpsRequest {
 }
 
 /// The coordinators' answer to an [`OpsRequest`].
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct OpsReply {
     #[serde(default = "v1")]
     pub v: u16,
@@ -341,14 +341,14 @@ pub struct OpsReply {
 }
 
 /// Who did an operator action, and when.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct OperatorAction {
     pub by: String,
     pub at: Timestamp,
 }
 
 /// The chats bucket value (key = chat id): per-chat order, history, and the errored flag.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct ChatRecord {
     #[serde(default = "v1")]
     pub v: u16,
@@ -376,7 +376,7 @@ pub struct ChatRecord {
 }
 
 /// Why a chat is flagged for operators.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct ChatError {
     pub turn: TurnId,
     pub at: Timestamp,
@@ -385,7 +385,7 @@ pub struct ChatError {
 
 /// The claims bucket value (key = `<turn>.<attempt>`): who runs an attempt. Created once, so two
 /// runners never run the same attempt even when a work item is delivered twice.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct ClaimRecord {
     #[serde(default = "v1")]
     pub v: u16,
@@ -395,7 +395,7 @@ pub struct ClaimRecord {
     pub at: Timestamp,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum ClaimHolder {
     /// A runner runs it.
@@ -405,7 +405,7 @@ pub enum ClaimHolder {
 }
 
 /// A runner's announcement in the runners bucket (key = runner id), refreshed with a TTL.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct RunnerPresence {
     #[serde(default = "v1")]
     pub v: u16,

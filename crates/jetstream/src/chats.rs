@@ -8,26 +8,12 @@ use async_nats::jetstream::kv::{CreateErrorKind, UpdateErrorKind};
 use bytes::Bytes;
 use futures::StreamExt;
 use std::time::Duration;
-use tracing::warn;
+use turnpike_core::chat;
 use turnpike_core::subjects;
-use turnpike_core::wire::{ChatRecord, HistoryEntry, OutboundItem, OutboundKind, Role};
-use turnpike_core::{ChatId, TurnId, TurnRecord, FORMAT_VERSION};
+use turnpike_core::wire::{ChatRecord, HistoryEntry, OutboundItem, OutboundKind};
+use turnpike_core::{ChatId, TurnId, TurnRecord};
 
 const CAS_ATTEMPTS: usize = 100;
-
-fn empty(chat: &ChatId) -> ChatRecord {
-    ChatRecord {
-        v: FORMAT_VERSION,
-        chat: chat.clone(),
-        live: None,
-        waiting: Vec::new(),
-        history: Vec::new(),
-        history_dropped: 0,
-        inbound_seq: 0,
-        errored: None,
-        cleared: Vec::new(),
-    }
-}
 
 /// Read-modify-write the chat record with compare-and-set (creating it if missing). `change`
 /// returns `(write?, result)`; it may run more than once, on a fresh copy each time.
@@ -46,13 +32,17 @@ pub async fn update<R>(
         let (mut record, revision) = match entry {
             Some(e) if !e.value.is_empty() => match decode_kv::<ChatRecord>(&e.value) {
                 Ok(c) => (c, Some(e.revision)),
+                // Never started afresh: that would drop its queue and wedge its waiting turns.
+                // An operator repairs it; until then the chat's turns wait (and say why).
                 Err(err) => {
-                    warn!(chat_id = key, error = %err, "chat record unreadable; starting it afresh");
-                    (empty(chat), Some(e.revision))
+                    return Err(BusError::kv(
+                        format!("read chat {key}"),
+                        format!("the chat record cannot be read ({err}); its turns wait until it is repaired"),
+                    ))
                 }
             },
-            Some(e) => (empty(chat), Some(e.revision)),
-            None => (empty(chat), None),
+            Some(e) => (chat::empty(chat), Some(e.revision)),
+            None => (chat::empty(chat), None),
         };
         let (write, result) = change(&mut record);
         if !write {
@@ -92,25 +82,11 @@ pub async fn join(
     turn: &TurnId,
     inbound_seq: Option<u64>,
 ) -> Result<Option<Vec<HistoryEntry>>, BusError> {
-    update(bus, chat, |c| {
-        if c.live.as_ref() == Some(turn) {
-            return (false, Some(c.history.clone()));
-        }
-        if c.waiting.contains(turn) {
-            return (false, None);
-        }
-        if let Some(seq) = inbound_seq {
-            c.inbound_seq = c.inbound_seq.max(seq);
-        }
-        if c.live.is_none() {
-            c.live = Some(turn.clone());
-            (true, Some(c.history.clone()))
-        } else {
-            c.waiting.push(turn.clone());
-            (true, None)
-        }
+    let joined = update(bus, chat, |c| chat::join(c, turn, inbound_seq)).await?;
+    Ok(match joined {
+        chat::Joined::Live(history) => Some(history),
+        chat::Joined::Waiting => None,
     })
-    .await
 }
 
 /// Is the inbound message at stream sequence `seq` the chat's next one to take? `false` while an
@@ -126,14 +102,16 @@ pub async fn inbound_in_order(bus: &Bus, chat: &ChatId, seq: u64) -> Result<bool
         .filter(|e| !e.value.is_empty())
         .map(|e| decode_kv::<ChatRecord>(&e.value));
     let taken = match record {
-        // A new chat: nothing of it was taken yet.
-        None => 0,
-        Some(Ok(c)) if c.inbound_seq > 0 => c.inbound_seq,
-        // A chat from before this record kept the sequence, or one that cannot be read (its
-        // updates will say so): the dispatcher's per-chat lane order is all there is.
-        Some(_) => return Ok(true),
+        None => chat::Taken::UpTo(0),
+        Some(Ok(c)) => chat::Taken::of(Some(&c)),
+        // Unreadable: its updates will say so; the lane's order is all there is meanwhile.
+        Some(Err(_)) => chat::Taken::Unknown,
     };
-    if seq <= taken {
+    let chat::Taken::UpTo(after) = taken else {
+        return Ok(true);
+    };
+    if seq <= after {
+        // A replay of a message already taken: no read needed.
         return Ok(true);
     }
     let stream = bus
@@ -143,33 +121,27 @@ pub async fn inbound_in_order(bus: &Bus, chat: &ChatId, seq: u64) -> Result<bool
         .map_err(|e| BusError::kv("open chat-in stream", e))?;
     let next = stream
         .raw_message_builder()
-        .sequence(taken + 1)
+        .sequence(after + 1)
         .next_by_subject(subjects::chat_in(chat))
         .send()
         .await;
-    match next {
-        Ok(m) => Ok(m.sequence >= seq),
+    let next = match next {
+        Ok(m) => Some(m.sequence),
         // Nothing between: ours was removed meanwhile (retention); nothing earlier waits.
         Err(e)
             if e.kind()
                 == async_nats::jetstream::stream::LastRawMessageErrorKind::NoMessageFound =>
         {
-            Ok(true)
+            None
         }
-        Err(e) => Err(BusError::kv(format!("check the order of chat {chat}"), e)),
-    }
+        Err(e) => return Err(BusError::kv(format!("check the order of chat {chat}"), e)),
+    };
+    Ok(chat::in_order(taken, next, seq))
 }
 
 /// The inbound message at `seq` was taken without a turn (refused): later ones may go.
 pub async fn inbound_taken(bus: &Bus, chat: &ChatId, seq: u64) -> Result<(), BusError> {
-    update(bus, chat, |c| {
-        if c.inbound_seq >= seq {
-            return (false, ());
-        }
-        c.inbound_seq = seq;
-        (true, ())
-    })
-    .await
+    update(bus, chat, |c| (chat::inbound_taken(c, seq), ())).await
 }
 
 /// A turn ended: if it was the live one, its message and bot replies join the history and the
@@ -184,52 +156,20 @@ pub async fn release(
     // Read outside the CAS loop: the replies are settled once the turn has ended. A failed read
     // is an error (retried), never "not live": that would drop the turn's replies from history.
     let was_live = update(bus, &record.chat, |c| {
-        (false, c.live.as_ref() == Some(&record.turn))
+        (false, chat::is_live(c, &record.turn))
     })
     .await?;
-    let replies = if was_live && record.attempts.iter().any(|a| a.started_at.is_some()) {
+    let replies = if was_live && chat::ran(record) {
         bot_messages(bus, record).await?
     } else {
         Vec::new()
     };
-    update(bus, &record.chat, |c| {
-        let mut changed = false;
-        let ran = record
-            .attempts
-            .iter()
-            .any(|a| a.started_at.is_some() || a.exit.is_some());
-        if c.live.as_ref() == Some(&record.turn) && !ran {
-            // Ended before it ever ran (killed while queued): nothing was said.
-            c.live = if c.waiting.is_empty() {
-                None
-            } else {
-                Some(c.waiting.remove(0))
-            };
-            changed = true;
-        } else if c.live.as_ref() == Some(&record.turn) {
-            let said = std::iter::once(HistoryEntry {
-                role: Role::User,
-                text: record.message.text.clone(),
-            })
-            .chain(replies.iter().map(|text| HistoryEntry {
-                role: Role::Bot,
-                text: text.clone(),
-            }));
-            turnpike_core::history::append(&mut c.history, &mut c.history_dropped, said, budget);
-            c.live = if c.waiting.is_empty() {
-                None
-            } else {
-                Some(c.waiting.remove(0))
-            };
-            changed = true;
-        } else if let Some(i) = c.waiting.iter().position(|t| t == &record.turn) {
-            c.waiting.remove(i);
-            changed = true;
-        }
-        let next = c.live.clone().map(|t| (t, c.history.clone()));
-        (changed, next)
+    let released = update(bus, &record.chat, |c| {
+        let r = chat::release(c, record, &replies, budget);
+        (r.changed, r.next)
     })
-    .await
+    .await?;
+    Ok(released)
 }
 
 /// The bot messages a turn landed, read back from the chat's outbound stream (they are the

@@ -4,7 +4,8 @@
 
 mod attempt;
 pub mod backend;
-pub mod classify;
+/// How a run ended: the rules live in core, shared with the protocol model.
+pub use turnpike_core::exit as classify;
 mod lease;
 pub mod lines;
 

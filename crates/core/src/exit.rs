@@ -1,6 +1,7 @@
-//! From what a backend observed to an [`ExitClass`]: the same rules for every backend. Pure.
+//! From what a backend observed of a run to its [`ExitClass`]: the same rules for every backend,
+//! and for the protocol model. Pure.
 
-use turnpike_core::wire::{AgentStatus, ExitClass};
+use crate::wire::{AgentStatus, ExitClass};
 
 /// Why the runner itself stopped a run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -33,6 +33,9 @@ pub enum Joined {
     Live(Vec<HistoryEntry>),
     /// It waits for the chat's live turn to end.
     Waiting,
+    /// Its message was taken before and the turn has since left the chat (a replay after a
+    /// dispatcher died between the join and the acknowledgement): nothing to do.
+    Left,
 }
 
 /// A new turn joins its chat: it becomes the live turn if there is none, else it queues in
@@ -44,6 +47,10 @@ pub fn join(c: &mut ChatRecord, turn: &TurnId, inbound_seq: Option<u64>) -> (boo
     }
     if c.waiting.contains(turn) {
         return (false, Joined::Waiting);
+    }
+    if inbound_seq.is_some_and(|seq| seq <= c.inbound_seq) {
+        // Its message was taken already and it is neither live nor waiting: it has left.
+        return (false, Joined::Left);
     }
     if let Some(seq) = inbound_seq {
         c.inbound_seq = c.inbound_seq.max(seq);
@@ -219,6 +226,24 @@ mod tests {
             (false, Joined::Live(vec![]))
         );
         assert_eq!(join(&mut c, &turn(2), Some(2)), (false, Joined::Waiting));
+    }
+
+    /// Found by the model checker (crates/model, `one_turn_with_two_faults`): the dispatcher
+    /// dies after the join, the turn ends and is released, the message comes back. Joining
+    /// again made the ended turn the chat's live one, and the chat never moved again.
+    #[test]
+    fn a_replayed_join_of_a_turn_that_has_left_does_not_make_it_live_again() {
+        let mut c = empty(&chat());
+        join(&mut c, &turn(1), Some(1));
+        release(&mut c, &record(1, true), &["answer 1".into()], BUDGET);
+        assert_eq!(join(&mut c, &turn(1), Some(1)), (false, Joined::Left));
+        assert_eq!(c.live, None);
+        assert!(c.waiting.is_empty());
+        // A new message still joins.
+        assert_eq!(
+            join(&mut c, &turn(2), Some(2)).1,
+            Joined::Live(c.history.clone())
+        );
     }
 
     #[test]

@@ -85,7 +85,7 @@ pub async fn join(
     let joined = update(bus, chat, |c| chat::join(c, turn, inbound_seq)).await?;
     Ok(match joined {
         chat::Joined::Live(history) => Some(history),
-        chat::Joined::Waiting => None,
+        chat::Joined::Waiting | chat::Joined::Left => None,
     })
 }
 

@@ -101,9 +101,13 @@ pub async fn create_in_chat(
         .map_err(|e| BusError::kv(format!("index live turn {turn}"), e))?;
     let (current, created) = create(bus, record).await?;
     if current.record.state.is_terminal() {
-        // A replay of a message whose turn already ended: nothing more to do, but to count its
-        // message taken (it may never have joined: killed first), so the chat's next ones go.
+        // A replay of a message whose turn already ended: nothing more to do, but to make sure
+        // it does not hold its chat, and to count its message taken (it may never have joined:
+        // killed first), so the chat's next ones go. Found by the model checker: killed before
+        // its join, joined, the dispatcher died before admitting it, and the replay left the
+        // ended turn the chat's live one for good. `admit` of an ended turn releases it.
         let _ = run_outbox(bus, current.clone()).await?;
+        admit(bus, &turn, Vec::new()).await?;
         if let Some(seq) = inbound_seq {
             crate::chats::inbound_taken(bus, &chat, seq).await?;
         }
@@ -205,7 +209,15 @@ pub async fn run_outbox(bus: &Bus, mut current: Versioned) -> Result<Versioned, 
             )
             .await
         {
-            Ok(revision) => return Ok(Versioned { record, revision }),
+            Ok(revision) => {
+                // Unlisted only once its outbox is cleared: a crash in between leaves it listed,
+                // and the sweep finishes it (model: a crash after the unlisting left an outbox
+                // nobody would ever clear).
+                if done.iter().any(|e| matches!(e, Effect::Ended { .. })) {
+                    unlist_live(bus, &record.turn).await?;
+                }
+                return Ok(Versioned { record, revision });
+            }
             Err(e) if e.kind() == UpdateErrorKind::WrongLastRevision => {
                 current = load(bus, &record.turn)
                     .await?
@@ -396,7 +408,6 @@ pub async fn execute(bus: &Bus, record: &TurnRecord, effect: &Effect) -> Result<
                     admit(bus, &next, history).await?;
                 }
             }
-            unlist_live(bus, turn).await?;
         }
     }
     Ok(())

@@ -159,11 +159,14 @@ async fn run(inner: Arc<Inner>, msg: async_nats::jetstream::Message, work: WorkI
         fence_tx,
     )
     .await;
-    report_exit(&inner, &work, fenced).await;
+    if let Some(report) = fenced {
+        report_exit(&inner, &work, report).await;
+    }
     lease.abort();
 }
 
-/// Take the fence and, if it is ours, run the attempt; returns its exit report.
+/// Take the fence and, if it is ours, run the attempt; returns its exit report (`None`: what it
+/// landed could not be settled; the sweep will).
 #[allow(clippy::too_many_arguments)]
 async fn run_fenced(
     inner: &Arc<Inner>,
@@ -174,7 +177,7 @@ async fn run_fenced(
     stop_tx: Arc<watch::Sender<Option<StopReason>>>,
     stop_rx: watch::Receiver<Option<StopReason>>,
     fence_tx: watch::Sender<Option<u64>>,
-) -> ExitReport {
+) -> Option<ExitReport> {
     use turnpike_core::wire::ExitClass;
     // Fence: from here on, this attempt's bot messages land only while the turn's fence is ours.
     // Taken by compare-and-set, so a kill or a loss decided before this point is never overrun.
@@ -188,29 +191,29 @@ async fn run_fenced(
         Ok(Taken::Ours(seq)) => seq,
         Ok(Taken::Killed) => {
             info!("the turn was killed before the attempt started; not running it");
-            return ExitReport::without_output(
+            return Some(ExitReport::without_output(
                 ExitClass::OperatorKilled,
                 "killed by an operator before it started",
                 now(),
-            );
+            ));
         }
         Ok(Taken::Lost) => {
             info!("the attempt was declared lost before it started; not running it");
-            return ExitReport::without_output(
+            return Some(ExitReport::without_output(
                 ExitClass::RunnerLost,
                 "declared lost before it started",
                 now(),
-            );
+            ));
         }
         Err(e) => {
             // Without the fence nothing can land safely. Report a death so the coordinator
             // decides (a retry, if the budget allows).
             warn!(error = %e, "cannot take the attempt fence");
-            return ExitReport::without_output(
+            return Some(ExitReport::without_output(
                 ExitClass::EngineError,
                 format!("cannot take the fence: {e}"),
                 now(),
-            );
+            ));
         }
     };
     fence_tx.send_replace(Some(fence_seq));
@@ -220,11 +223,15 @@ async fn run_fenced(
         Ok(a) => a,
         Err(AttachmentError::Refused(e)) => {
             warn!(error = %e, "attachments refused");
-            return ExitReport::without_output(ExitClass::CouldNotStart, e, now());
+            return Some(ExitReport::without_output(
+                ExitClass::CouldNotStart,
+                e,
+                now(),
+            ));
         }
         Err(AttachmentError::Unavailable(e)) => {
             warn!(error = %e, "attachments unavailable; the attempt dies and may be retried");
-            return ExitReport::without_output(ExitClass::EngineError, e, now());
+            return Some(ExitReport::without_output(ExitClass::EngineError, e, now()));
         }
     };
 
@@ -307,6 +314,7 @@ async fn run_fenced(
         verdict_error: None,
         any_output: false,
         fenced: false,
+        uncertain: false,
     };
     let mut splitter = LineSplitter::new(MAX_LINE);
     while let Some(chunk) = out_rx.recv().await {
@@ -361,7 +369,8 @@ async fn run_fenced(
         .or(stopped)
         .or(lander.verdict_error.clone());
     info!(?class, exit_code = ?raw.exit_code, signal = ?raw.signal, landed = lander.landed, "attempt ended");
-    ExitReport {
+    let uncertain = lander.uncertain;
+    let mut report = ExitReport {
         class,
         exit_code: raw.exit_code,
         signal: raw.signal,
@@ -369,6 +378,41 @@ async fn run_fenced(
         messages_landed: lander.landed,
         replies: lander.replies,
         ended_at: now(),
+    };
+    if uncertain {
+        settle_uncertain(inner, work, &mut report).await?;
+    }
+    Some(report)
+}
+
+/// A publish whose outcome is unknown may still land: fence the attempt out first (nothing of it
+/// can land after that), then count what landed, as the sweep does for a lost attempt. Without
+/// this a reply that landed unacknowledged was reported as none, and the turn retried after a
+/// reply (found by the model checker: `Bugs::trust_uncertain_count`). `None` when the count
+/// cannot be settled: no report then; the lease lapses and the sweep counts.
+async fn settle_uncertain(inner: &Inner, work: &WorkItem, report: &mut ExitReport) -> Option<()> {
+    use turnpike_jetstream::fence::{self, Losing};
+    let bus = &inner.bus;
+    match fence::lose(bus, &work.turn, work.attempt).await {
+        Ok(Losing::Fenced { runner_seq }) => {
+            match fence::landed(bus, &work.chat, &work.turn, work.attempt, runner_seq).await {
+                Ok(replies) => {
+                    report.messages_landed = replies.len() as u32;
+                    report.replies = replies;
+                    Some(())
+                }
+                Err(e) => {
+                    warn!(error = %e, "could not count what the attempt landed; the lease sweep will settle it");
+                    None
+                }
+            }
+        }
+        // A later attempt holds the fence: this report changes nothing.
+        Ok(Losing::Stale { .. }) => Some(()),
+        Err(e) => {
+            warn!(error = %e, "could not fence the attempt out to count it; the lease sweep will settle it");
+            None
+        }
     }
 }
 
@@ -388,6 +432,9 @@ struct Lander<'a> {
     verdict_error: Option<String>,
     any_output: bool,
     fenced: bool,
+    /// A bot message was published and never acknowledged: it may have landed or not, so
+    /// `landed` may be short (see [`settle_uncertain`]).
+    uncertain: bool,
 }
 
 impl Lander<'_> {
@@ -507,7 +554,10 @@ impl Lander<'_> {
                     tokio::time::sleep(Duration::from_millis(200 * tries)).await;
                 }
                 Err(e) => {
-                    warn!(error = %e, "bot message could not be landed; dropping it");
+                    // Not acknowledged is not refused: the server may have stored it. The count
+                    // is settled from the stream at exit, after the fence moves.
+                    warn!(error = %e, "bot message not acknowledged after 5 tries; whether it landed is settled at exit");
+                    self.uncertain = true;
                     return;
                 }
             }

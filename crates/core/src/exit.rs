@@ -4,7 +4,7 @@
 use crate::wire::{AgentStatus, ExitClass};
 
 /// Why the runner itself stopped a run.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum StopReason {
     /// The run time limit expired.
     Timeout,

@@ -1,0 +1,467 @@
+//! The Turnpike protocol as a model for an exhaustive checker ([`stateright`]).
+//!
+//! Every process of a deployment is here as a small state machine whose steps are the
+//! requests it makes to JetStream: the dispatcher, coordinators applying runner events, the
+//! recovery sweep, the operator's kill, runners, and the server itself (a bot message landing
+//! or being refused by its fence, a schedule firing, a lease lapsing). Each step that decides
+//! anything calls the same function of `turnpike-core` the real shell calls: `lifecycle::apply`
+//! and `create`, `fence::take/lose/kill/check`, `chat::join/release/in_order`,
+//! `recovery::plan/judge_attempt/judge_retry`, `exit::classify`. So the model checks the real
+//! decisions, and the shells' order of requests as written down here (see ARCHITECTURE.md for
+//! which function each step stands for).
+//!
+//! Faults, within a budget per path: a runner crashes (its agent may be left running), a
+//! coordinator, the sweep, the ops service or the dispatcher crashes mid-way (its message comes
+//! back), a work item is delivered twice, a runner is cut off (its lease lapses; it stops its
+//! agent, as its lease deadline makes it), a publish's acknowledgement is lost, an exit report is
+//! lost. Not modelled: time (a schedule may fire, a lease of a dead or finished holder may
+//! lapse, at any moment), history text and attachments, deduplication windows (infinite here).
+//!
+//! Safety properties are [`stateright`] `always` properties ([`properties`]); liveness — from
+//! every reachable state, the work can still be finished without further faults — is checked by
+//! [`liveness::check`] over the same model.
+
+pub mod liveness;
+mod procs;
+pub mod properties;
+mod runner;
+pub mod world;
+
+use stateright::{Model, Property};
+use std::collections::BTreeSet;
+use turnpike_core::{ChatId, RunnerId, TurnId};
+use world::*;
+
+/// Deliberate bugs: each one is a mistake the real code once made or could make. The tests
+/// check that the model finds each of them (so the properties are strong enough to matter).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Bugs {
+    /// An operator kill only tells the runner (plain NATS) and does not move the fence.
+    pub kill_without_fence: bool,
+    /// The sweep takes any claim on a pending retry's next attempt as progress (issue 16 item 2).
+    pub trust_any_retry_claim: bool,
+    /// The dispatcher takes inbound messages in whatever order they come (item 9).
+    pub ignore_chat_order: bool,
+    /// Admitting a turn that ended before it joined its chat leaves it the live one (item 10).
+    pub keep_ended_turn_live: bool,
+    /// The sweep counts what a lost attempt landed before it moves the fence (items 5, 8).
+    pub count_before_fence: bool,
+    /// A runner reports its own count of landed messages even when a publish's outcome is unknown.
+    pub trust_uncertain_count: bool,
+}
+
+/// One deployment to check.
+#[derive(Clone, Debug)]
+pub struct Protocol {
+    /// Inbound messages of the one chat; turn `i` is message `i`.
+    pub turns: usize,
+    pub runners: usize,
+    pub coordinators: usize,
+    /// `MAX_TURN_RETRY`.
+    pub max_turn_retry: u32,
+    /// Faults allowed on one path.
+    pub faults: u8,
+    /// Turns an operator kills (at most once each, at any moment).
+    pub killable: Vec<Turn>,
+    /// Bot messages an agent may say.
+    pub says: u32,
+    /// Timers that may go off while other work is still under way, per path. The sweep's pass,
+    /// a schedule firing and the lapse of a lease its holder no longer renews are timed (by
+    /// seconds, where every other step takes milliseconds): when nothing else can happen they
+    /// always may — that is how the sweep finds what was lost — and early, racing the other
+    /// steps, a bounded number of times, like faults.
+    pub early_timers: u8,
+    pub bugs: Bugs,
+    pub(crate) ids: Ids,
+}
+
+#[derive(Clone, Debug)]
+pub(crate) struct Ids {
+    pub chat: ChatId,
+    pub turns: Vec<TurnId>,
+    pub runners: Vec<RunnerId>,
+}
+
+impl Protocol {
+    pub fn new(turns: usize, runners: usize, coordinators: usize) -> Self {
+        let ids = Ids {
+            chat: ChatId::new("c").unwrap_or_else(|_| unreachable!("a valid id")),
+            turns: (0..turns)
+                .map(|i| TurnId::new(format!("t{i}")).unwrap_or_else(|_| unreachable!()))
+                .collect(),
+            runners: (0..runners)
+                .map(|i| RunnerId::new(format!("r{i}")).unwrap_or_else(|_| unreachable!()))
+                .collect(),
+        };
+        Protocol {
+            turns,
+            runners,
+            coordinators,
+            max_turn_retry: 2,
+            faults: 2,
+            killable: Vec::new(),
+            says: 1,
+            early_timers: 1,
+            bugs: Bugs::default(),
+            ids,
+        }
+    }
+
+    pub fn with(mut self, f: impl FnOnce(&mut Protocol)) -> Self {
+        f(&mut self);
+        self
+    }
+
+    pub(crate) fn sweep(&self) -> ProcIx {
+        self.coordinators
+    }
+    pub(crate) fn operator(&self) -> ProcIx {
+        self.coordinators + 1
+    }
+    pub(crate) fn dispatcher(&self) -> ProcIx {
+        self.coordinators + 2
+    }
+
+    /// Is the work finished: every message taken, every turn ended and settled, the chat idle?
+    pub fn settled(&self, w: &World) -> bool {
+        w.inbound.iter().all(|d| *d == Delivery::Acked)
+            && (0..self.turns).all(|t| {
+                w.record(t)
+                    .is_some_and(|r| r.state.is_terminal() && r.outbox.is_empty())
+                    && w.has_final(t)
+            })
+            && w.live.is_empty()
+            && w.chat
+                .as_ref()
+                .is_none_or(|c| c.live.is_none() && c.waiting.is_empty())
+    }
+}
+
+/// One step of one process, or of the server.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Action {
+    /// A work message given back comes back to the consumer.
+    Due {
+        msg: u8,
+    },
+    /// A runner takes a work message.
+    Take {
+        runner: RunnerIx,
+        msg: u8,
+    },
+    /// A runner's next request (lease, claim, fence, report, restart), or its run's end once stopped.
+    Advance(RunnerIx),
+    Start(RunnerIx),
+    Say(RunnerIx),
+    /// The agent exits by itself: cleanly or killed by the OOM killer.
+    Exit {
+        runner: RunnerIx,
+        oom: bool,
+    },
+    HearKill(RunnerIx),
+    CheckFence(RunnerIx),
+    /// The server stores or refuses a bot message.
+    Land(InFlight),
+    /// A coordinator takes an event.
+    Deliver {
+        proc: ProcIx,
+        ev: usize,
+    },
+    /// The dispatcher takes an inbound message.
+    Dispatch(Turn),
+    SweepTurn(Turn),
+    Kill(Turn),
+    /// A process's next step; `choice` is the sweep's "was the record written long ago?".
+    Step {
+        proc: ProcIx,
+        choice: bool,
+    },
+    Fire {
+        turn: Turn,
+        attempt: Attempt,
+    },
+    Lapse {
+        turn: Turn,
+        attempt: Attempt,
+    },
+    // Faults.
+    CrashRunner(RunnerIx),
+    CrashProc(ProcIx),
+    Redeliver {
+        msg: u8,
+    },
+    LoseAck(RunnerIx),
+    LoseReport(RunnerIx),
+}
+
+impl Protocol {
+    /// Does taking `a` in `w` spend the fault budget?
+    pub fn is_fault(&self, w: &World, a: &Action) -> bool {
+        match a {
+            Action::CrashRunner(_)
+            | Action::CrashProc(_)
+            | Action::Redeliver { .. }
+            | Action::LoseAck(_)
+            | Action::LoseReport(_) => true,
+            Action::Lapse { turn, attempt } => w
+                .leases
+                .get(&(*turn, *attempt))
+                .is_some_and(|h| w.runners[*h].attempt() == Some((*turn, *attempt))),
+            _ => false,
+        }
+    }
+}
+
+impl Model for Protocol {
+    type State = World;
+    type Action = Action;
+
+    fn init_states(&self) -> Vec<World> {
+        vec![World {
+            inbound: vec![Delivery::Pending; self.turns],
+            turns: vec![None; self.turns],
+            chat: None,
+            live: BTreeSet::new(),
+            work: Vec::new(),
+            next_work_id: 0,
+            work_ids: BTreeSet::new(),
+            schedules: BTreeSet::new(),
+            claims: Default::default(),
+            leases: Default::default(),
+            fences: vec![Vec::new(); self.turns],
+            out: Vec::new(),
+            inflight: BTreeSet::new(),
+            events: Vec::new(),
+            kills: BTreeSet::new(),
+            runners: vec![Runner::Idle; self.runners],
+            procs: vec![Proc::default(); self.coordinators + 3],
+            ghost: Ghost {
+                faults_left: self.faults,
+                early_timers_left: self.early_timers,
+                ..Ghost::default()
+            },
+        }]
+    }
+
+    fn actions(&self, w: &World, out: &mut Vec<Action>) {
+        let from = out.len();
+        self.untimed(w, out);
+        if w.ghost.early_timers_left > 0 || self.quiet(w, &out[from..]) {
+            self.timers(w, out);
+        }
+    }
+
+    fn next_state(&self, w: &World, a: Action) -> Option<World> {
+        let mut w = w.clone();
+        if self.is_fault(&w, &a) && !w.take_fault() {
+            return None;
+        }
+        if self.is_timer(&w, &a) {
+            let mut others = Vec::new();
+            self.untimed(&w, &mut others);
+            if !self.quiet(&w, &others) {
+                w.ghost.early_timers_left = w.ghost.early_timers_left.checked_sub(1)?;
+            }
+        }
+        self.apply(w, a)
+    }
+
+    fn properties(&self) -> Vec<Property<Self>> {
+        properties::all()
+    }
+}
+
+impl Protocol {
+    /// Nothing can happen but faults.
+    fn quiet(&self, w: &World, actions: &[Action]) -> bool {
+        actions.iter().all(|a| self.is_fault(w, a))
+    }
+
+    fn is_timer(&self, w: &World, a: &Action) -> bool {
+        match a {
+            Action::SweepTurn(_) | Action::Fire { .. } | Action::Due { .. } => true,
+            Action::Lapse { .. } => !self.is_fault(w, a),
+            _ => false,
+        }
+    }
+
+    fn timers(&self, w: &World, out: &mut Vec<Action>) {
+        out.extend(
+            w.work
+                .iter()
+                .filter(|m| m.delayed)
+                .map(|m| Action::Due { msg: m.id }),
+        );
+        if w.procs[self.sweep()].job.is_none() {
+            out.extend(w.live.iter().map(|t| Action::SweepTurn(*t)));
+        }
+        out.extend(w.schedules.iter().map(|(turn, attempt)| Action::Fire {
+            turn: *turn,
+            attempt: *attempt,
+        }));
+        out.extend(
+            w.leases
+                .keys()
+                .map(|(turn, attempt)| Action::Lapse {
+                    turn: *turn,
+                    attempt: *attempt,
+                })
+                .filter(|a| !self.is_fault(w, a)),
+        );
+    }
+
+    fn untimed(&self, w: &World, out: &mut Vec<Action>) {
+        let faults = w.ghost.faults_left > 0;
+        for r in 0..self.runners {
+            match &w.runners[r] {
+                Runner::Idle => {
+                    for m in w.work.iter().filter(|m| m.held.is_none() && !m.delayed) {
+                        out.push(Action::Take {
+                            runner: r,
+                            msg: m.id,
+                        });
+                    }
+                }
+                Runner::Running(_) => {
+                    out.extend([
+                        Action::Advance(r),
+                        Action::Start(r),
+                        Action::Say(r),
+                        Action::Exit {
+                            runner: r,
+                            oom: false,
+                        },
+                        Action::Exit {
+                            runner: r,
+                            oom: true,
+                        },
+                        Action::HearKill(r),
+                        Action::CheckFence(r),
+                    ]);
+                    if faults {
+                        out.push(Action::LoseAck(r));
+                    }
+                }
+                Runner::Reporting { .. } => {
+                    out.push(Action::Advance(r));
+                    if faults {
+                        out.push(Action::LoseReport(r));
+                    }
+                }
+                _ => out.push(Action::Advance(r)),
+            }
+            if faults && !matches!(w.runners[r], Runner::Down { .. }) {
+                out.push(Action::CrashRunner(r));
+            }
+        }
+        out.extend(w.inflight.iter().map(|f| Action::Land(*f)));
+        for p in 0..self.coordinators {
+            if w.procs[p].job.is_none() {
+                for (ev, e) in w.events.iter().enumerate() {
+                    if e.delivery == EventDelivery::Pending {
+                        out.push(Action::Deliver { proc: p, ev });
+                    }
+                }
+            }
+        }
+        if w.procs[self.dispatcher()].job.is_none() {
+            out.extend(
+                (0..self.turns)
+                    .filter(|t| w.inbound[*t] == Delivery::Pending)
+                    .map(Action::Dispatch),
+            );
+        }
+        if w.procs[self.operator()].job.is_none() {
+            out.extend(
+                self.killable
+                    .iter()
+                    .filter(|t| !w.ghost.kill_requested.contains(t))
+                    .map(|t| Action::Kill(*t)),
+            );
+        }
+        for (p, proc) in w.procs.iter().enumerate() {
+            if proc.job.is_some() || !proc.stack.is_empty() {
+                out.push(Action::Step {
+                    proc: p,
+                    choice: false,
+                });
+                out.push(Action::Step {
+                    proc: p,
+                    choice: true,
+                });
+                if faults {
+                    out.push(Action::CrashProc(p));
+                }
+            }
+        }
+        if faults {
+            // A runner cut off: its lease lapses while it still holds it.
+            out.extend(
+                w.leases
+                    .keys()
+                    .map(|(turn, attempt)| Action::Lapse {
+                        turn: *turn,
+                        attempt: *attempt,
+                    })
+                    .filter(|a| self.is_fault(w, a)),
+            );
+            out.extend(
+                w.work
+                    .iter()
+                    .filter(|m| m.held.is_some())
+                    .map(|m| Action::Redeliver { msg: m.id }),
+            );
+        }
+    }
+
+    fn apply(&self, mut w: World, a: Action) -> Option<World> {
+        let done = match a {
+            Action::Due { msg } => {
+                let m = w.work.iter_mut().find(|m| m.id == msg && m.delayed)?;
+                m.delayed = false;
+                true
+            }
+            Action::Take { runner, msg } => runner::take(self, &mut w, runner, msg),
+            Action::Advance(r) => runner::advance(self, &mut w, r),
+            Action::Start(r) => runner::start(self, &mut w, r),
+            Action::Say(r) => runner::say(self, &mut w, r),
+            Action::Exit { runner, oom } => runner::exit(self, &mut w, runner, oom),
+            Action::HearKill(r) => runner::hear_kill(&mut w, r),
+            Action::CheckFence(r) => runner::check_fence(&mut w, r),
+            Action::Land(f) => runner::land(self, &mut w, f),
+            Action::Deliver { proc, ev } => procs::deliver(&mut w, proc, ev),
+            Action::Dispatch(t) => procs::dispatch(self, &mut w, t),
+            Action::SweepTurn(t) => procs::sweep_turn(self, &mut w, t),
+            Action::Kill(t) => procs::kill(self, &mut w, t),
+            Action::Step { proc, choice } => procs::step(self, &mut w, proc, choice),
+            Action::Fire { turn, attempt } => {
+                w.schedules.remove(&(turn, attempt));
+                // A fired schedule loses its message id: no dedup, the claim stops a second run.
+                w.publish_work(turn, attempt, false);
+                true
+            }
+            Action::Lapse { turn, attempt } => runner::lapse(&mut w, turn, attempt),
+            Action::CrashRunner(r) => runner::crash(&mut w, r),
+            Action::CrashProc(p) => procs::crash(&mut w, p),
+            Action::Redeliver { msg } => {
+                let m = w
+                    .work
+                    .iter()
+                    .find(|m| m.id == msg && m.held.is_some())
+                    .copied()?;
+                let id = w.next_work_id;
+                w.next_work_id = w.next_work_id.wrapping_add(1);
+                w.work.push(WorkMsg {
+                    id,
+                    held: None,
+                    delayed: false,
+                    ..m
+                });
+                true
+            }
+            Action::LoseAck(r) => runner::lose_ack(&mut w, r),
+            Action::LoseReport(r) => runner::lose_report(&mut w, r),
+        };
+        done.then_some(w)
+    }
+}

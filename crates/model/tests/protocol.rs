@@ -1,0 +1,227 @@
+//! The protocol model, checked exhaustively in bounded deployments (CI runs these; the test
+//! profile builds the model optimised, see the workspace `Cargo.toml`).
+//!
+//! Each scenario must hold every safety property, reach every `sometimes` it can, and leave no
+//! state from which the work can no longer be finished. Each deliberate bug in [`Bugs`] must be
+//! caught: a property fails or a state gets stuck. That is what shows the properties have teeth.
+
+use stateright::{Checker, HasDiscoveries, Model};
+use turnpike_model::properties::*;
+use turnpike_model::{liveness, Bugs, Protocol};
+
+struct Outcome {
+    /// Properties with a discovery: a counterexample for `always`, an example for `sometimes`.
+    found: Vec<&'static str>,
+    states: usize,
+}
+
+fn check(m: Protocol, property: Option<&'static str>) -> Outcome {
+    let mut checker = m.clone().checker().threads(2);
+    if let Some(p) = property {
+        // Looking for one counterexample: stop at the first.
+        checker = checker.finish_when(HasDiscoveries::AnyOf([p].into()));
+    }
+    let c = checker.spawn_bfs().join();
+    Outcome {
+        found: c.discoveries().into_keys().collect(),
+        states: c.unique_state_count(),
+    }
+}
+
+fn stuck(m: &Protocol) -> Option<usize> {
+    liveness::check(m).stuck.map(|p| p.len())
+}
+
+const SAFETY: [&str; 8] = [
+    ONE_LIVE_AGENT,
+    NO_STRAY_OUTPUT,
+    NO_RETRY_AFTER_REPLY,
+    ONE_TERMINAL_STATE,
+    ONE_NOTICE,
+    OUTCOME_MATCHES_OUTPUT,
+    ATTEMPT_BUDGET,
+    CHAT_ORDER,
+];
+
+/// Holds everything, and reaches the `expect`ed examples (so it is not vacuous).
+fn holds(m: Protocol, expect: &[&str]) {
+    let o = check(m.clone(), None);
+    let broken: Vec<_> = o.found.iter().filter(|p| SAFETY.contains(p)).collect();
+    assert!(broken.is_empty(), "counterexamples: {broken:?}");
+    assert_eq!(stuck(&m), None, "a state from which the work cannot finish");
+    for e in expect {
+        assert!(
+            o.found.contains(e),
+            "never reached: {e} ({} states)",
+            o.states
+        );
+    }
+}
+
+/// The bug is caught: by `property`, or (`None`) by a stuck state.
+fn caught(m: Protocol, property: Option<&'static str>) {
+    match property {
+        Some(p) => {
+            let o = check(m, Some(p));
+            assert!(o.found.contains(&p), "not caught by {p}: {:?}", o.found);
+        }
+        None => assert!(stuck(&m).is_some(), "no stuck state found"),
+    }
+}
+
+const EVERY_OUTCOME: [&str; 4] = [
+    "a retry's agent starts",
+    "a reply lands",
+    "a turn gives up",
+    "every turn settles",
+];
+
+#[test]
+fn one_turn_with_one_fault_anywhere() {
+    // A runner, coordinator, sweep or dispatcher crash, a lost acknowledgement or exit report,
+    // a duplicated work message, or a runner cut off from its lease: each at any step.
+    holds(
+        Protocol::new(1, 1, 1).with(|p| p.faults = 1),
+        &[&EVERY_OUTCOME[..], &["an attempt is declared lost"]].concat(),
+    );
+}
+
+#[test]
+fn one_turn_killed_at_any_step() {
+    // Early timers too: a kill racing a retry's schedule, the sweep, a lease's lapse.
+    holds(
+        Protocol::new(1, 1, 1).with(|p| {
+            p.faults = 0;
+            p.killable = vec![0];
+        }),
+        &EVERY_OUTCOME,
+    );
+}
+
+#[test]
+fn one_turn_killed_at_any_step_with_one_fault_anywhere() {
+    holds(
+        Protocol::new(1, 1, 1).with(|p| {
+            p.faults = 1;
+            p.max_turn_retry = 1;
+            p.early_timers = 0;
+            p.killable = vec![0];
+        }),
+        &["a reply lands", "a turn gives up", "every turn settles"],
+    );
+}
+
+#[test]
+fn one_turn_with_two_faults() {
+    holds(
+        Protocol::new(1, 1, 1).with(|p| {
+            p.faults = 2;
+            p.early_timers = 0;
+        }),
+        &[&EVERY_OUTCOME[..], &["an attempt is declared lost"]].concat(),
+    );
+}
+
+#[test]
+fn two_runners_race_for_one_turn() {
+    holds(
+        Protocol::new(1, 2, 1).with(|p| p.faults = 0),
+        &EVERY_OUTCOME,
+    );
+}
+
+#[test]
+fn two_coordinators_apply_one_turn_s_events() {
+    holds(
+        Protocol::new(1, 1, 2).with(|p| p.faults = 0),
+        &EVERY_OUTCOME,
+    );
+}
+
+#[test]
+fn two_turns_of_one_chat_keep_their_order() {
+    holds(
+        Protocol::new(2, 1, 1).with(|p| {
+            p.faults = 0;
+            p.max_turn_retry = 1;
+            p.early_timers = 0;
+        }),
+        &["a reply lands", "every turn settles"],
+    );
+}
+
+fn bug(f: impl FnOnce(&mut Bugs)) -> impl FnOnce(&mut Protocol) {
+    |p: &mut Protocol| f(&mut p.bugs)
+}
+
+#[test]
+fn a_kill_that_does_not_fence_lets_the_reply_land() {
+    caught(
+        Protocol::new(1, 1, 1)
+            .with(|p| {
+                p.faults = 0;
+                p.killable = vec![0];
+            })
+            .with(bug(|b| b.kill_without_fence = true)),
+        Some(NO_STRAY_OUTPUT),
+    );
+}
+
+#[test]
+fn a_killed_turn_left_live_wedges_its_chat() {
+    caught(
+        Protocol::new(1, 1, 1)
+            .with(|p| {
+                p.faults = 0;
+                p.max_turn_retry = 1;
+                p.early_timers = 0;
+                p.killable = vec![0];
+            })
+            .with(bug(|b| b.keep_ended_turn_live = true)),
+        None,
+    );
+}
+
+#[test]
+fn trusting_any_claim_on_a_retry_stalls_it() {
+    caught(
+        Protocol::new(1, 1, 1)
+            .with(|p| p.faults = 1)
+            .with(bug(|b| b.trust_any_retry_claim = true)),
+        None,
+    );
+}
+
+#[test]
+fn counting_before_the_fence_moves_retries_after_a_reply() {
+    caught(
+        Protocol::new(1, 1, 1)
+            .with(|p| p.faults = 1)
+            .with(bug(|b| b.count_before_fence = true)),
+        Some(NO_RETRY_AFTER_REPLY),
+    );
+}
+
+#[test]
+fn trusting_a_count_with_an_unknown_publish_retries_after_a_reply() {
+    caught(
+        Protocol::new(1, 1, 1)
+            .with(|p| p.faults = 1)
+            .with(bug(|b| b.trust_uncertain_count = true)),
+        Some(NO_RETRY_AFTER_REPLY),
+    );
+}
+
+#[test]
+fn ignoring_arrival_order_breaks_chat_order() {
+    caught(
+        Protocol::new(2, 1, 1)
+            .with(|p| {
+                p.faults = 0;
+                p.max_turn_retry = 1;
+                p.early_timers = 0;
+            })
+            .with(bug(|b| b.ignore_chat_order = true)),
+        Some(CHAT_ORDER),
+    );
+}

@@ -263,3 +263,85 @@ async fn a_chats_order_survives_a_dispatcher_that_died_holding_its_messages() {
         r.stop().await;
     }
 }
+
+/// Found by the model checker (`Bugs::trust_uncertain_count`): a bot message whose publish is
+/// stored but never acknowledged. The runner used to give up on it after five tries and report
+/// the attempt as having landed nothing, so a turn that had replied was retried. Now an attempt
+/// with such a publish is fenced out and counted from the stream before anything is reported.
+#[tokio::test]
+async fn a_reply_stored_without_an_acknowledgement_is_never_followed_by_a_retry() {
+    init_logs();
+    let f = Faulty::start(AGENT).await;
+    // A lease long enough that the runner, not the sweep, reports the attempt: it outlives the
+    // runner's six unacknowledged tries (5 s each). The fixed runner cannot fence its attempt
+    // out while the acknowledgements are held, so it sends no report and the sweep settles the
+    // attempt once this lease lapses.
+    let mut config = f.config.clone();
+    config.lease = Duration::from_secs(45);
+    let mut cut_off = f.through_proxy();
+    cut_off.lease = config.lease;
+    let proxy = &f.proxy;
+    let roles = [
+        start_dispatcher(&config).await,
+        start_coordinator(&config).await,
+        start_runner(&cut_off).await,
+    ];
+    let bus = Bus::connect(&config, "test").await.expect("bus");
+    let turn = send(&bus, "chat-u", "u", "crash-after-reply:1").await;
+    let record = || async {
+        turnpike_jetstream::turns::load(&bus, &turn)
+            .await
+            .ok()
+            .flatten()
+            .map(|v| v.record)
+    };
+    eventually(T, "the attempt running", || async {
+        record().await.filter(|r| r.state == TurnState::Running)
+    })
+    .await;
+    // Its reply (1 s from now) reaches the server; no acknowledgement comes back.
+    proxy.hold_replies().await;
+    // The runner gives up on the acknowledgement. The old runner then reported "nothing landed"
+    // (a retry follows); with the fix, the attempt is fenced out (by the runner, or by the sweep
+    // once the lease lapses) before anything is counted.
+    eventually(
+        Duration::from_secs(120),
+        "the runner's next move",
+        || async {
+            let fenced_out = turnpike_jetstream::fence::last(&bus, &turn)
+                .await
+                .ok()
+                .flatten()
+                .and_then(|l| l.marker)
+                .is_some_and(|m| m.holder == turnpike_core::fence::FenceHolder::Lost);
+            let decided = record()
+                .await
+                .is_some_and(|r| r.state.is_terminal() || r.attempts.len() > 1);
+            (fenced_out || decided).then_some(())
+        },
+    )
+    .await;
+    proxy.release();
+    let record = eventually(Duration::from_secs(180), "the turn decided", || async {
+        record()
+            .await
+            .filter(|r| r.state.is_terminal() || r.attempts.len() > 1)
+    })
+    .await;
+    let items = visible_items(&bus, "chat-u").await;
+    assert!(
+        items
+            .iter()
+            .any(|i| i.text == "partial answer before crashing"),
+        "the reply landed: {items:?}"
+    );
+    assert_eq!(
+        record.attempts.len(),
+        1,
+        "no retry after a reply: {record:#?}"
+    );
+    assert_eq!(record.attempts[0].messages_landed, 1, "{record:#?}");
+    for r in roles {
+        r.stop().await;
+    }
+}

@@ -161,6 +161,10 @@ pub fn run() -> ! {
             result_ok();
         }
         "crash-after-reply" => {
+            // `crash-after-reply:2`: wait 2 s first (a test arranges a fault meanwhile).
+            if let Some(secs) = arg.and_then(|a| a.parse::<f64>().ok()) {
+                std::thread::sleep(Duration::from_secs_f64(secs.max(0.0)));
+            }
             reply("partial answer before crashing");
             std::process::exit(1);
         }

@@ -213,7 +213,8 @@ where
 
 /// A loopback TCP fault injector between one client and its server: it can cut the client off
 /// (connections dropped, new ones refused), hold its traffic (nothing passes either way until
-/// released; bytes wait in the proxy, none are lost), or delay every chunk it forwards.
+/// released; bytes wait in the proxy, none are lost), hold only what the server sends (the
+/// client's publishes arrive, their acknowledgements do not), or delay every chunk it forwards.
 pub struct CutProxy {
     port: u16,
     state: std::sync::Arc<ProxyState>,
@@ -227,6 +228,9 @@ struct ProxyState {
     /// Every forwarded write takes this for reading; `hold` takes it for writing and keeps it.
     gate: std::sync::Arc<tokio::sync::RwLock<()>>,
     held: std::sync::Mutex<Option<tokio::sync::OwnedRwLockWriteGuard<()>>>,
+    /// Like `gate`, for the server-to-client direction only.
+    replies_gate: std::sync::Arc<tokio::sync::RwLock<()>>,
+    replies_held: std::sync::Mutex<Option<tokio::sync::OwnedRwLockWriteGuard<()>>>,
     delay_ms: std::sync::atomic::AtomicU64,
 }
 
@@ -235,6 +239,7 @@ async fn forward(
     mut from: tokio::net::tcp::OwnedReadHalf,
     mut to: tokio::net::tcp::OwnedWriteHalf,
     state: std::sync::Arc<ProxyState>,
+    replies: bool,
 ) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut buf = vec![0u8; 64 * 1024];
@@ -248,6 +253,11 @@ async fn forward(
             tokio::time::sleep(Duration::from_millis(delay)).await;
         }
         let _pass = state.gate.read().await;
+        let _reply_pass = if replies {
+            Some(state.replies_gate.read().await)
+        } else {
+            None
+        };
         if to.write_all(&buf[..n]).await.is_err() {
             return;
         }
@@ -278,8 +288,8 @@ impl CutProxy {
                         let (ur, uw) = upstream.into_split();
                         // Either direction ending ends the connection.
                         tokio::select! {
-                            _ = forward(ir, uw, st2.clone()) => {}
-                            _ = forward(ur, iw, st2) => {}
+                            _ = forward(ir, uw, st2.clone(), false) => {}
+                            _ = forward(ur, iw, st2, true) => {}
                         }
                     }
                 });
@@ -327,8 +337,21 @@ impl CutProxy {
         }
     }
 
+    /// Stop forwarding what the server sends; what the client sends still arrives. Once this
+    /// returns, a publish reaches the server and is stored, but its acknowledgement waits.
+    pub async fn hold_replies(&self) {
+        let guard = self.state.replies_gate.clone().write_owned().await;
+        if let Ok(mut held) = self.state.replies_held.lock() {
+            *held = Some(guard);
+        }
+    }
+
+    /// End [`CutProxy::hold`] and [`CutProxy::hold_replies`].
     pub fn release(&self) {
         if let Ok(mut held) = self.state.held.lock() {
+            held.take();
+        }
+        if let Ok(mut held) = self.state.replies_held.lock() {
             held.take();
         }
     }

@@ -723,3 +723,113 @@ async fn an_event_from_a_runner_that_does_not_hold_the_claim_is_refused() {
     assert_eq!(wait_ended(&p.bus, &turn, T).await.state, TurnState::Killed);
     p.stop().await;
 }
+
+/// A new turn of `chat` (message `m1`), not yet admitted, as the dispatcher creates it.
+fn unadmitted_turn(chat: &str) -> (turnpike_core::ChatId, turnpike_core::TurnRecord) {
+    use turnpike_core::lifecycle::{self, NewTurn};
+    let chat = turnpike_core::ChatId::new(chat).expect("chat");
+    let message = turnpike_core::wire::InboundMessage {
+        v: 1,
+        id: "m1".into(),
+        chat: chat.clone(),
+        text: "x".into(),
+        sender: None,
+        attachments: vec![],
+    };
+    let (record, _) = lifecycle::create(
+        NewTurn {
+            turn: TurnId::for_message(&chat, "m1"),
+            message,
+            history: vec![],
+            max_turn_retry: 1,
+            retry_delay: Duration::from_secs(1),
+            rerun_of: None,
+            created_by: None,
+            admit_now: false,
+        },
+        turnpike_jetstream::now(),
+    );
+    (chat, record)
+}
+
+fn operator_kill() -> turnpike_core::lifecycle::Event {
+    turnpike_core::lifecycle::Event::KillRequested {
+        action: turnpike_core::wire::OperatorAction {
+            by: "op".into(),
+            at: turnpike_jetstream::now(),
+        },
+    }
+}
+
+/// Found by the model checker: a turn killed before it joined its chat, then joined by a
+/// dispatcher that died before admitting it. The replay of its message found the turn ended
+/// and only counted the message taken: the ended turn stayed the chat's live one, and the
+/// chat never moved again.
+#[tokio::test]
+async fn a_turn_killed_before_it_joined_does_not_hold_its_chat_after_a_replay() {
+    let server = NatsServer::start();
+    let config = test_config(&server, AGENT);
+    let bus = Bus::connect(&config, "test").await.expect("bus");
+    let (chat, record) = unadmitted_turn("c10");
+    let turn = record.turn.clone();
+    // The dispatcher creates the turn...
+    turnpike_jetstream::turns::create(&bus, record.clone())
+        .await
+        .expect("create");
+    // ...an operator kills it before it joins (its release finds nothing to release)...
+    let applied = turnpike_jetstream::turns::apply_event(&bus, &turn, &operator_kill())
+        .await
+        .expect("kill");
+    turnpike_jetstream::turns::run_outbox(&bus, applied.current().clone())
+        .await
+        .expect("outbox");
+    // ...the dispatcher joins it and dies before admitting it...
+    turnpike_jetstream::chats::join(&bus, &chat, &turn, Some(1))
+        .await
+        .expect("join");
+    // ...and the message comes back.
+    turnpike_jetstream::turns::create_in_chat(&bus, record, Some(1))
+        .await
+        .expect("replay");
+    let c: ChatRecord =
+        decode_kv(&bus.chats.get("c10").await.expect("get").expect("record")).expect("chat");
+    assert_eq!(c.live, None, "the ended turn holds its chat: {c:?}");
+    assert_eq!(c.inbound_seq, 1);
+}
+
+/// Found by the model checker: an ended turn left the live index while carrying out its
+/// `Ended` effect, before its outbox was cleared; a crash in between left an outbox that no
+/// sweep would ever see. Carrying out the effects (and crashing before the clear) must leave
+/// the turn listed, and the clear unlist it.
+#[tokio::test]
+async fn an_ended_turn_stays_listed_until_its_outbox_is_cleared() {
+    let server = NatsServer::start();
+    let config = test_config(&server, AGENT);
+    let bus = Bus::connect(&config, "test").await.expect("bus");
+    let (_, record) = unadmitted_turn("c11");
+    let turn = record.turn.clone();
+    turnpike_jetstream::turns::create_in_chat(&bus, record, Some(1))
+        .await
+        .expect("create");
+    let applied = turnpike_jetstream::turns::apply_event(&bus, &turn, &operator_kill())
+        .await
+        .expect("kill");
+    let current = applied.current().clone();
+    for e in &current.record.outbox {
+        turnpike_jetstream::turns::execute(&bus, &current.record, e)
+            .await
+            .expect("effect");
+    }
+    let listed = || async {
+        bus.live
+            .get(turn.as_str())
+            .await
+            .expect("live get")
+            .is_some_and(|v| !v.is_empty())
+    };
+    assert!(listed().await, "unlisted with its outbox not cleared");
+    turnpike_jetstream::turns::run_outbox(&bus, current)
+        .await
+        .expect("outbox");
+    assert!(!listed().await, "still listed once ended and cleared");
+}

@@ -539,32 +539,11 @@ async fn a_pending_retry_whose_schedule_was_lost_is_scheduled_again_by_the_sweep
 
 #[tokio::test]
 async fn replaying_an_outbox_after_a_crash_sends_one_notice_and_one_attempt() {
-    use turnpike_core::lifecycle::{self, Effect, Event, NewTurn};
+    use turnpike_core::lifecycle::{Effect, Event};
     let server = NatsServer::start();
     let config = test_config(&server, AGENT);
     let bus = Bus::connect(&config, "test").await.expect("bus");
-    let chat = turnpike_core::ChatId::new("c9").expect("chat");
-    let message = turnpike_core::wire::InboundMessage {
-        v: 1,
-        id: "m1".into(),
-        chat: chat.clone(),
-        text: "x".into(),
-        sender: None,
-        attachments: vec![],
-    };
-    let (mut record, effects) = lifecycle::create(
-        NewTurn {
-            turn: TurnId::for_message(&chat, "m1"),
-            message,
-            history: vec![],
-            max_turn_retry: 1,
-            retry_delay: Duration::from_secs(1),
-            rerun_of: None,
-            created_by: None,
-            admit_now: true,
-        },
-        turnpike_jetstream::now(),
-    );
+    let (mut record, effects) = new_turn("c9", true);
     record.outbox = effects;
     let turn = record.turn.clone();
     let (created, _) = turnpike_jetstream::turns::create(&bus, record)
@@ -724,8 +703,14 @@ async fn an_event_from_a_runner_that_does_not_hold_the_claim_is_refused() {
     p.stop().await;
 }
 
-/// A new turn of `chat` (message `m1`), not yet admitted, as the dispatcher creates it.
-fn unadmitted_turn(chat: &str) -> (turnpike_core::ChatId, turnpike_core::TurnRecord) {
+/// A new turn of `chat` (message `m1`) as the dispatcher creates it, and its effects.
+fn new_turn(
+    chat: &str,
+    admit_now: bool,
+) -> (
+    turnpike_core::TurnRecord,
+    Vec<turnpike_core::lifecycle::Effect>,
+) {
     use turnpike_core::lifecycle::{self, NewTurn};
     let chat = turnpike_core::ChatId::new(chat).expect("chat");
     let message = turnpike_core::wire::InboundMessage {
@@ -736,7 +721,7 @@ fn unadmitted_turn(chat: &str) -> (turnpike_core::ChatId, turnpike_core::TurnRec
         sender: None,
         attachments: vec![],
     };
-    let (record, _) = lifecycle::create(
+    lifecycle::create(
         NewTurn {
             turn: TurnId::for_message(&chat, "m1"),
             message,
@@ -745,11 +730,10 @@ fn unadmitted_turn(chat: &str) -> (turnpike_core::ChatId, turnpike_core::TurnRec
             retry_delay: Duration::from_secs(1),
             rerun_of: None,
             created_by: None,
-            admit_now: false,
+            admit_now,
         },
         turnpike_jetstream::now(),
-    );
-    (chat, record)
+    )
 }
 
 fn operator_kill() -> turnpike_core::lifecycle::Event {
@@ -770,7 +754,8 @@ async fn a_turn_killed_before_it_joined_does_not_hold_its_chat_after_a_replay() 
     let server = NatsServer::start();
     let config = test_config(&server, AGENT);
     let bus = Bus::connect(&config, "test").await.expect("bus");
-    let (chat, record) = unadmitted_turn("c10");
+    let (record, _) = new_turn("c10", false);
+    let chat = record.chat.clone();
     let turn = record.turn.clone();
     // The dispatcher creates the turn...
     turnpike_jetstream::turns::create(&bus, record.clone())
@@ -806,7 +791,7 @@ async fn an_ended_turn_stays_listed_until_its_outbox_is_cleared() {
     let server = NatsServer::start();
     let config = test_config(&server, AGENT);
     let bus = Bus::connect(&config, "test").await.expect("bus");
-    let (_, record) = unadmitted_turn("c11");
+    let (record, _) = new_turn("c11", false);
     let turn = record.turn.clone();
     turnpike_jetstream::turns::create_in_chat(&bus, record, Some(1))
         .await

@@ -285,6 +285,20 @@ impl Protocol {
         }
     }
 
+    /// Lapses of leases whose holder still renews them (`faults`: a runner cut off), or of
+    /// the others (a timer).
+    fn lapses(&self, w: &World, faults: bool, out: &mut Vec<Action>) {
+        out.extend(
+            w.leases
+                .keys()
+                .map(|(turn, attempt)| Action::Lapse {
+                    turn: *turn,
+                    attempt: *attempt,
+                })
+                .filter(|a| self.is_fault(w, a) == faults),
+        );
+    }
+
     fn timers(&self, w: &World, out: &mut Vec<Action>) {
         out.extend(
             w.work
@@ -299,15 +313,7 @@ impl Protocol {
             turn: *turn,
             attempt: *attempt,
         }));
-        out.extend(
-            w.leases
-                .keys()
-                .map(|(turn, attempt)| Action::Lapse {
-                    turn: *turn,
-                    attempt: *attempt,
-                })
-                .filter(|a| !self.is_fault(w, a)),
-        );
+        self.lapses(w, false, out);
     }
 
     fn untimed(&self, w: &World, out: &mut Vec<Action>) {
@@ -396,15 +402,7 @@ impl Protocol {
         }
         if faults {
             // A runner cut off: its lease lapses while it still holds it.
-            out.extend(
-                w.leases
-                    .keys()
-                    .map(|(turn, attempt)| Action::Lapse {
-                        turn: *turn,
-                        attempt: *attempt,
-                    })
-                    .filter(|a| self.is_fault(w, a)),
-            );
+            self.lapses(w, true, out);
             out.extend(
                 w.work
                     .iter()
@@ -428,7 +426,7 @@ impl Protocol {
             Action::Exit { runner, oom } => runner::exit(self, &mut w, runner, oom),
             Action::HearKill(r) => runner::hear_kill(&mut w, r),
             Action::CheckFence(r) => runner::check_fence(&mut w, r),
-            Action::Land(f) => runner::land(self, &mut w, f),
+            Action::Land(f) => runner::land(&mut w, f),
             Action::Deliver { proc, ev } => procs::deliver(&mut w, proc, ev),
             Action::Dispatch(t) => procs::dispatch(self, &mut w, t),
             Action::SweepTurn(t) => procs::sweep_turn(self, &mut w, t),

@@ -96,12 +96,7 @@ pub(crate) fn crash(w: &mut World, p: ProcIx) -> bool {
 
 /// Apply `event` with compare-and-set; the record as stored afterwards, or `None` (no record,
 /// or an event that cannot be right: dead-lettered).
-fn apply(
-    m: &Protocol,
-    w: &mut World,
-    t: Turn,
-    event: &Event,
-) -> Option<(TurnRecord, Option<Unchanged>)> {
+fn apply(w: &mut World, t: Turn, event: &Event) -> Option<(TurnRecord, Option<Unchanged>)> {
     let stored = w.turns[t].as_ref()?;
     let before = stored.record.state;
     match lifecycle::apply(&stored.record, event, NOW).ok()? {
@@ -111,7 +106,6 @@ fn apply(
             record.outbox.extend(effects);
             if before == turnpike_core::TurnState::Waiting && record.state != before {
                 // Per-chat order: every earlier turn of the chat has ended.
-                let _ = m;
                 if (0..t).any(|u| w.record(u).is_none_or(|r| !r.state.is_terminal())) {
                     w.ghost.out_of_order = true;
                 }
@@ -177,7 +171,7 @@ pub(crate) fn step(m: &Protocol, w: &mut World, p: ProcIx, choice: bool) -> bool
             };
             // Only the attempt's claimant speaks for it; anything else is dead-lettered.
             let applied = if claimant {
-                apply(m, w, e.turn, &event)
+                apply(w, e.turn, &event)
             } else {
                 None
             };
@@ -200,7 +194,7 @@ pub(crate) fn step(m: &Protocol, w: &mut World, p: ProcIx, choice: bool) -> bool
                     at: NOW,
                 },
             };
-            if let Some((current, _)) = apply(m, w, turn, &event) {
+            if let Some((current, _)) = apply(w, turn, &event) {
                 w.procs[p].stack.push(outbox(turn, current));
             }
             w.procs[p].job = Some(Job::Kill {
@@ -369,7 +363,7 @@ fn sweep_step(m: &Protocol, w: &mut World, p: ProcIx, t: Turn, phase: SweepPhase
                 attempt,
                 report: report(ExitClass::RunnerLost, landed),
             };
-            if let Some((current, _)) = apply(m, w, t, &event) {
+            if let Some((current, _)) = apply(w, t, &event) {
                 w.procs[p].stack.push(outbox(t, current));
             }
             done(w);
@@ -417,7 +411,7 @@ fn frame_step(m: &Protocol, w: &mut World, p: ProcIx, frame: Frame) -> bool {
     let top = w.procs[p].stack.len() - 1;
     match frame {
         Frame::Admit { turn, history } => {
-            let admitted = apply(m, w, turn, &Event::Admitted { history });
+            let admitted = apply(w, turn, &Event::Admitted { history });
             w.procs[p].stack[top] = match admitted {
                 None => return pop(w, p),
                 Some((record, Some(Unchanged::AlreadyEnded { .. }))) => {

@@ -257,7 +257,7 @@ pub(crate) fn say(m: &Protocol, w: &mut World, r: RunnerIx) -> bool {
 }
 
 /// The server stores the message if the fence is still the one it expects, else refuses it.
-pub(crate) fn land(m: &Protocol, w: &mut World, f: InFlight) -> bool {
+pub(crate) fn land(w: &mut World, f: InFlight) -> bool {
     if !w.inflight.remove(&f) {
         return false;
     }
@@ -285,7 +285,6 @@ pub(crate) fn land(m: &Protocol, w: &mut World, f: InFlight) -> bool {
         });
     }
     let stop = fence::check(last.as_ref(), f.fence).map(stop_for);
-    let _ = m;
     if let Some(run) = running(w, f.runner) {
         if run.awaiting && (run.turn, run.attempt) == (f.turn, f.attempt) {
             run.awaiting = false;

@@ -580,6 +580,7 @@ async fn replaying_an_outbox_after_a_crash_sends_one_notice_and_one_attempt() {
             messages_landed: 0,
             replies: vec![],
             ended_at: turnpike_jetstream::now(),
+            started: None,
         },
     };
     let applied = turnpike_jetstream::turns::apply_event(&bus, &turn, &exit)
@@ -671,6 +672,7 @@ async fn an_event_from_a_runner_that_does_not_hold_the_claim_is_refused() {
                 messages_landed: 1,
                 replies: vec![],
                 ended_at: turnpike_jetstream::now(),
+                started: None,
             },
         },
     };

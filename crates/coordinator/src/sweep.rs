@@ -195,6 +195,7 @@ async fn check_attempt_alive(
             messages_landed: replies.len() as u32,
             replies,
             ended_at: lapsed_at,
+            started: None,
         },
     };
     // The death is dated when the server let the lease lapse.

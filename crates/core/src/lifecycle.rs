@@ -492,6 +492,10 @@ pub fn apply(record: &TurnRecord, event: &Event, now: Timestamp) -> Result<Step,
             {
                 a.replies.clone_from(&report.replies);
             }
+            if let (None, Some(start)) = (&a.runner, &report.started) {
+                a.runner = Some(start.runner.clone());
+                a.published_at = Some(start.published_at);
+            }
             a.exit = Some(report.clone());
             // The death is dated by `now`, the time of the event that reported it: the shells
             // pass the server's timestamp of that event, the same clock that fires the retry's

@@ -235,6 +235,17 @@ pub struct ExitReport {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub replies: Vec<u64>,
     pub ended_at: Timestamp,
+    /// Who ran the attempt and when its work item was published: the report says it again
+    /// because events are handled concurrently and the Started event may be applied after it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started: Option<AttemptStart>,
+}
+
+/// The start of an attempt as its runner saw it.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct AttemptStart {
+    pub runner: RunnerId,
+    pub published_at: Timestamp,
 }
 
 impl ExitReport {
@@ -248,6 +259,7 @@ impl ExitReport {
             messages_landed: 0,
             replies: vec![],
             ended_at,
+            started: None,
         }
     }
 }
@@ -515,8 +527,12 @@ mod tests {
                         signal: Some(9),
                         error: Some("why".into()),
                         messages_landed: 1,
-                        replies: vec![],
+                        replies: vec![7],
                         ended_at: at,
+                        started: Some(AttemptStart {
+                            runner: runner(),
+                            published_at: at,
+                        }),
                     },
                 }),
         ) {

@@ -16,8 +16,8 @@ use tracing::{debug, info, warn, Instrument};
 use turnpike_core::fence::Fenced;
 use turnpike_core::subjects::{self, msg_id};
 use turnpike_core::wire::{
-    AgentLine, AgentStatus, ClaimHolder, ClaimRecord, ExitReport, OutboundItem, OutboundKind,
-    RunnerEvent, RunnerEventKind, WorkItem,
+    AgentLine, AgentStatus, AttemptStart, ClaimHolder, ClaimRecord, ExitReport, OutboundItem,
+    OutboundKind, RunnerEvent, RunnerEventKind, WorkItem,
 };
 use turnpike_core::{Timestamp, FORMAT_VERSION};
 use turnpike_jetstream::fence::Taken;
@@ -159,7 +159,11 @@ async fn run(inner: Arc<Inner>, msg: async_nats::jetstream::Message, work: WorkI
         fence_tx,
     )
     .await;
-    if let Some(report) = fenced {
+    if let Some(mut report) = fenced {
+        report.started = Some(AttemptStart {
+            runner: inner.id.clone(),
+            published_at,
+        });
         report_exit(&inner, &work, report).await;
     }
     lease.abort();
@@ -378,6 +382,7 @@ async fn run_fenced(
         messages_landed: lander.landed,
         replies: lander.replies,
         ended_at: now(),
+        started: None,
     };
     if uncertain {
         settle_uncertain(inner, work, &mut report).await?;
@@ -391,27 +396,54 @@ async fn run_fenced(
 /// reply (found by the model checker: `Bugs::trust_uncertain_count`). `None` when the count
 /// cannot be settled: no report then; the lease lapses and the sweep counts.
 async fn settle_uncertain(inner: &Inner, work: &WorkItem, report: &mut ExitReport) -> Option<()> {
+    match fence_out_and_count(inner, &work.chat, &work.turn, work.attempt).await {
+        Settled::Landed(replies) => {
+            report.messages_landed = replies.len() as u32;
+            report.replies = replies;
+            Some(())
+        }
+        // A later attempt holds the fence: this report changes nothing.
+        Settled::Superseded => Some(()),
+        Settled::Unknown => None,
+    }
+}
+
+/// What fencing one of this runner's attempts out found.
+enum Settled {
+    /// Fenced out; these replies of it landed (stream sequences), and no more can.
+    Landed(Vec<u64>),
+    /// A later attempt holds the fence already.
+    Superseded,
+    /// The fence or the count failed; the coordinator's lease sweep will settle the attempt.
+    Unknown,
+}
+
+/// Move the turn's fence past `attempt` (only if it could still hold it), then count what of it
+/// landed: after the move the count is final. The same order as the sweep's for a lost attempt.
+async fn fence_out_and_count(
+    inner: &Inner,
+    chat: &turnpike_core::ChatId,
+    turn: &turnpike_core::TurnId,
+    attempt: u32,
+) -> Settled {
     use turnpike_jetstream::fence::{self, Losing};
-    let bus = &inner.bus;
-    match fence::lose(bus, &work.turn, work.attempt).await {
+    match fence::lose(&inner.bus, turn, attempt).await {
         Ok(Losing::Fenced { runner_seq }) => {
-            match fence::landed(bus, &work.chat, &work.turn, work.attempt, runner_seq).await {
-                Ok(replies) => {
-                    report.messages_landed = replies.len() as u32;
-                    report.replies = replies;
-                    Some(())
-                }
+            match fence::landed(&inner.bus, chat, turn, attempt, runner_seq).await {
+                Ok(replies) => Settled::Landed(replies),
                 Err(e) => {
-                    warn!(error = %e, "could not count what the attempt landed; the lease sweep will settle it");
-                    None
+                    warn!(turn_id = %turn, attempt, error = %e, "could not count what the attempt landed; the lease sweep will settle it");
+                    Settled::Unknown
                 }
             }
         }
-        // A later attempt holds the fence: this report changes nothing.
-        Ok(Losing::Stale { .. }) => Some(()),
+        Ok(Losing::Stale { current }) => {
+            debug!(turn_id = %turn, attempt, current, "a later attempt holds the fence");
+            Settled::Superseded
+        }
         Err(e) => {
-            warn!(error = %e, "could not fence the attempt out to count it; the lease sweep will settle it");
-            None
+            warn!(turn_id = %turn, attempt, error = %e, "could not fence the attempt out; the lease sweep will settle it");
+            Settled::Unknown
         }
     }
 }
@@ -761,25 +793,8 @@ pub(crate) async fn report_orphan(
     chat: turnpike_core::ChatId,
     attempt: u32,
 ) {
-    use turnpike_jetstream::fence::{self, Losing};
-    let replies = match fence::lose(&inner.bus, &turn, attempt).await {
-        Ok(Losing::Fenced { runner_seq }) => {
-            match fence::landed(&inner.bus, &chat, &turn, attempt, runner_seq).await {
-                Ok(r) => r,
-                Err(e) => {
-                    warn!(turn_id = %turn, attempt, error = %e, "could not count what the leftover run landed; the lease sweep will settle it");
-                    return;
-                }
-            }
-        }
-        Ok(Losing::Stale { current }) => {
-            debug!(turn_id = %turn, attempt, current, "a later attempt holds the fence; nothing to report");
-            return;
-        }
-        Err(e) => {
-            warn!(turn_id = %turn, attempt, error = %e, "could not fence the leftover run; the lease sweep will");
-            return;
-        }
+    let Settled::Landed(replies) = fence_out_and_count(inner, &chat, &turn, attempt).await else {
+        return;
     };
     let work_like = WorkItemRef {
         turn: &turn,
@@ -794,6 +809,7 @@ pub(crate) async fn report_orphan(
         messages_landed: replies.len() as u32,
         replies,
         ended_at: now(),
+        started: None,
     };
     emit_for(
         inner,

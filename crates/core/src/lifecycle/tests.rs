@@ -2,7 +2,7 @@
 //! sequences with duplicates and reordering.
 
 use super::*;
-use crate::wire::{Attachment, Role};
+use crate::wire::{Attachment, AttemptStart, Role};
 use proptest::prelude::*;
 
 const BUDGETS: [u32; 4] = [0, 1, 3, 5];
@@ -66,6 +66,7 @@ fn report(class: ExitClass, landed: u32, ended: Timestamp) -> ExitReport {
         messages_landed: landed,
         replies: vec![],
         ended_at: ended,
+        started: None,
     }
 }
 
@@ -902,4 +903,49 @@ fn an_exit_report_handled_before_the_landed_events_still_says_where_replies_are(
     // A report claiming more locations than landed messages is not believed.
     let (odd, _) = step(&r, exit(1, vec![40, 41]), at(2));
     assert!(odd.attempts[0].replies.is_empty());
+}
+
+#[test]
+fn an_exit_report_handled_before_the_started_event_still_says_who_ran_the_attempt() {
+    // Events are handled concurrently: the exit may be applied first, and the Started event that
+    // follows is then fenced out (the attempt is over). The report carries the start itself.
+    let r = new_turn(3);
+    let exit = Event::Exited {
+        attempt: 1,
+        report: ExitReport {
+            started: Some(AttemptStart {
+                runner: runner(7),
+                published_at: at(1),
+            }),
+            ..report(ExitClass::Crashed, 0, at(2))
+        },
+    };
+    let (pending, _) = step(&r, exit, at(3));
+    let a = &pending.attempts[0];
+    assert_eq!(a.runner, Some(runner(7)));
+    assert_eq!(a.published_at, Some(at(1)));
+    assert_eq!(pending.state, TurnState::PendingRetry);
+    // Once started, a report's start changes nothing already recorded.
+    let (running, _) = step(
+        &r,
+        Event::Started {
+            attempt: 1,
+            runner: runner(1),
+            published_at: at(0),
+        },
+        at(1),
+    );
+    let exit = Event::Exited {
+        attempt: 1,
+        report: ExitReport {
+            started: Some(AttemptStart {
+                runner: runner(1),
+                published_at: at(1),
+            }),
+            ..report(ExitClass::Clean, 0, at(2))
+        },
+    };
+    let (done, _) = step(&running, exit, at(3));
+    assert_eq!(done.attempts[0].published_at, Some(at(0)));
+    assert_eq!(done.attempts[0].started_at, Some(at(1)));
 }

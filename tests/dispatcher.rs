@@ -105,12 +105,23 @@ async fn replies_join_history_read_at_their_recorded_location_or_else_by_a_scan(
             .collect()
     }
     assert_eq!(history(&p.bus, &chat).await, expected);
-    // An older runner (no locations) and a wrong location both fall back to scanning the chat.
+    // An older runner (no locations) and a wrong location both fall back to scanning the chat,
+    // from the turn's first fence marker: no clock decides where to start, so times recorded by
+    // a leader whose clock runs a minute ahead lose nothing.
     let mut unknown = record.clone();
     unknown.attempts[0].replies.clear();
     let mut wrong = record.clone();
     wrong.attempts[0].replies = vec![at[0] - 1];
-    for variant in [unknown, wrong] {
+    let mut skewed = unknown.clone();
+    fn ahead(t: turnpike_core::Timestamp) -> turnpike_core::Timestamp {
+        t.saturating_add(std::time::Duration::from_secs(60))
+    }
+    skewed.created_at = ahead(skewed.created_at);
+    for a in &mut skewed.attempts {
+        a.published_at = a.published_at.map(ahead);
+        a.started_at = a.started_at.map(ahead);
+    }
+    for variant in [unknown, wrong, skewed] {
         turnpike_jetstream::chats::update(&p.bus, &chat, |c| {
             c.history.clear();
             c.live = Some(turn.clone());

@@ -3,11 +3,8 @@
 //! compare-and-set, so dispatchers and coordinators may race safely.
 
 use crate::{decode_kv, now, Bus, BusError};
-use async_nats::jetstream::consumer::{pull::OrderedConfig, DeliverPolicy};
 use async_nats::jetstream::kv::{CreateErrorKind, UpdateErrorKind};
 use bytes::Bytes;
-use futures::StreamExt;
-use std::time::Duration;
 use turnpike_core::chat;
 use turnpike_core::subjects;
 use turnpike_core::wire::{ChatRecord, HistoryEntry, OutboundItem, OutboundKind};
@@ -173,20 +170,14 @@ pub async fn release(
 }
 
 /// The bot messages a turn landed, read back from the chat's outbound stream (they are the
-/// truth; the runner's claims are not), from the turn's first attempt on. When the record knows
-/// where every one is stored, each is read by sequence and checked; otherwise (an older runner,
-/// a lost event, a location that does not hold this turn's message) the chat's subject is scanned.
+/// truth; the runner's claims are not). When the record knows where every one is stored, each is
+/// read by sequence and checked; otherwise (an older runner, a lost event, a location that does
+/// not hold this turn's message) the chat's subject is scanned from the turn's first fence marker.
 async fn bot_messages(bus: &Bus, record: &TurnRecord) -> Result<Vec<String>, BusError> {
     if let Some(texts) = by_sequence(bus, record).await {
         return Ok(texts);
     }
-    let since = record
-        .attempts
-        .iter()
-        .filter_map(|a| a.published_at.or(a.started_at))
-        .min()
-        .unwrap_or(record.created_at);
-    let items = landed_messages(bus, &record.chat, &record.turn, since.to_system_time()).await?;
+    let items = crate::fence::turn_messages(bus, &record.chat, &record.turn).await?;
     Ok(items.into_iter().map(|i| i.text).collect())
 }
 
@@ -221,51 +212,6 @@ async fn by_sequence(bus: &Bus, record: &TurnRecord) -> Option<Vec<String>> {
         texts.push(item.text);
     }
     Some(texts)
-}
-
-/// Every bot message of `turn` stored on its chat's outbound subject since `since` (minus a second
-/// of clock slack), in order. Bounded: one chat, from one point in time.
-pub async fn landed_messages(
-    bus: &Bus,
-    chat: &ChatId,
-    turn: &TurnId,
-    since: std::time::SystemTime,
-) -> Result<Vec<OutboundItem>, BusError> {
-    let start = since - Duration::from_secs(1);
-    let stream = bus
-        .js
-        .get_stream(subjects::STREAM_CHAT_OUT)
-        .await
-        .map_err(|e| BusError::kv("open chat-out stream", e))?;
-    let consumer = stream
-        .create_consumer(OrderedConfig {
-            filter_subject: subjects::chat_out(chat),
-            deliver_policy: DeliverPolicy::ByStartTime {
-                start_time: start.into(),
-            },
-            ..Default::default()
-        })
-        .await
-        .map_err(|e| BusError::kv("scan chat-out", e))?;
-    let mut messages = consumer
-        .messages()
-        .await
-        .map_err(|e| BusError::kv("scan chat-out", e))?;
-    let mut out = Vec::new();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    loop {
-        let next = tokio::time::timeout_at(deadline, messages.next()).await;
-        let Ok(Some(Ok(m))) = next else { break };
-        if let Ok(item) = crate::decode::<OutboundItem>(m.headers.as_ref(), &m.payload) {
-            if &item.turn == turn && item.kind == OutboundKind::Message {
-                out.push(item);
-            }
-        }
-        if m.info().map(|i| i.pending == 0).unwrap_or(true) {
-            break;
-        }
-    }
-    Ok(out)
 }
 
 /// Flag the chat errored for operators (once per turn).

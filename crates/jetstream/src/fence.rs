@@ -206,6 +206,45 @@ pub async fn landed(
     let Some(from) = runner_seq else {
         return Ok(Vec::new());
     };
+    let found = scan(bus, chat, turn, from, |item| item.attempt == attempt).await?;
+    Ok(found.into_iter().map(|(seq, _)| seq).collect())
+}
+
+/// Every bot message of `turn`, of all its attempts, in stream order. Nothing of a turn can land
+/// before its first fence marker, so the scan starts there: no clock of any host decides what
+/// is read, and any failed read is an error, never a short list.
+pub async fn turn_messages(
+    bus: &Bus,
+    chat: &ChatId,
+    turn: &TurnId,
+) -> Result<Vec<OutboundItem>, BusError> {
+    let subject = subjects::fence(turn);
+    let first = stream(bus)
+        .await?
+        .raw_message_builder()
+        .sequence(1)
+        .next_by_subject(subject.clone())
+        .send()
+        .await;
+    let from = match first {
+        Ok(m) => m.sequence,
+        // No marker: no attempt ever took the fence, so nothing of the turn landed.
+        Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => return Ok(Vec::new()),
+        Err(e) => return Err(BusError::kv(format!("read fence {subject}"), e)),
+    };
+    let found = scan(bus, chat, turn, from, |_| true).await?;
+    Ok(found.into_iter().map(|(_, item)| item).collect())
+}
+
+/// The bot messages of `turn` on `chat`'s outbound subject after sequence `from` that `keep`
+/// selects, each with its sequence.
+async fn scan(
+    bus: &Bus,
+    chat: &ChatId,
+    turn: &TurnId,
+    from: u64,
+    keep: impl Fn(&OutboundItem) -> bool,
+) -> Result<Vec<(u64, OutboundItem)>, BusError> {
     let stream = stream(bus).await?;
     let subject = subjects::chat_out(chat);
     let mut seq = from + 1;
@@ -220,17 +259,17 @@ pub async fn landed(
         let m = match next {
             Ok(m) => m,
             Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => return Ok(out),
-            Err(e) => return Err(BusError::kv(format!("count landed messages of {turn}"), e)),
+            Err(e) => return Err(BusError::kv(format!("read the messages of {turn}"), e)),
         };
         if let Ok(item) = decode::<OutboundItem>(Some(&m.headers), &m.payload) {
-            if &item.turn == turn && item.attempt == attempt && item.kind == OutboundKind::Message {
-                out.push(m.sequence);
+            if &item.turn == turn && item.kind == OutboundKind::Message && keep(&item) {
+                out.push((m.sequence, item));
             }
         }
         seq = m.sequence + 1;
     }
     Err(BusError::kv(
-        format!("count landed messages of {turn}"),
-        format!("more than {MAX_SCAN} messages on {subject} since the attempt began"),
+        format!("read the messages of {turn}"),
+        format!("more than {MAX_SCAN} messages on {subject} since the turn began"),
     ))
 }

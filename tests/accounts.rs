@@ -93,7 +93,7 @@ async fn each_role_does_its_whole_job_with_only_its_own_rights() {
         .expect("chat user opens the attachment store");
     let mut bytes: &[u8] = b"least privilege";
     store
-        .put("lp/m3/a.txt", &mut bytes)
+        .put("lp3/m3/a.txt", &mut bytes)
         .await
         .expect("chat user uploads");
 
@@ -106,7 +106,7 @@ async fn each_role_does_its_whole_job_with_only_its_own_rights() {
             "attachments",
             vec![Attachment {
                 name: "a.txt".into(),
-                object: "lp/m3/a.txt".into(),
+                object: "lp3/m3/a.txt".into(),
             }],
         )
         .await;
@@ -154,6 +154,8 @@ async fn each_role_does_its_whole_job_with_only_its_own_rights() {
         "turnpike.chat.out.lp".to_owned(),
         "turnpike.ops.kill".to_owned(),
         "$JS.API.STREAM.DELETE.TURNPIKE_CHAT_IN".to_owned(),
+        // Attachment names are write-once: no chat user may purge the store.
+        "$JS.API.STREAM.PURGE.OBJ_turnpike_attachments".to_owned(),
     ] {
         let why = chat.watched.refused(&forged).await;
         assert!(why.contains("Permissions Violation"), "{why}");
@@ -169,7 +171,7 @@ async fn each_role_does_its_whole_job_with_only_its_own_rights() {
         .expect("the inbound stream was not deleted");
 
     // A runner may not write turn state.
-    let runner = connect_as("runner", vec![server.url()]).await;
+    let mut runner = connect_as("runner", vec![server.url()]).await;
     let runner_js = jetstream::new(runner.client.clone());
     let put = tokio::time::timeout(
         Duration::from_secs(3),
@@ -184,6 +186,21 @@ async fn each_role_does_its_whole_job_with_only_its_own_rights() {
         _ => false,
     };
     assert!(!stored, "a runner wrote a turn record");
+    // Nor read any chat's history or any turn record: an attempt gets its own chat's history in
+    // its work item, and needs nothing else of either bucket.
+    for forged in [
+        "$JS.API.STREAM.MSG.GET.KV_turnpike_chats".to_owned(),
+        "$JS.API.STREAM.MSG.GET.KV_turnpike_turns".to_owned(),
+        "$JS.API.DIRECT.GET.KV_turnpike_chats.$KV.turnpike_chats.lp".to_owned(),
+        format!(
+            "$JS.API.DIRECT.GET.KV_turnpike_turns.$KV.turnpike_turns.{}",
+            reply.as_str()
+        ),
+        "$JS.API.STREAM.MSG.GET.TURNPIKE_CHAT_IN".to_owned(),
+    ] {
+        let why = runner.refused(&forged).await;
+        assert!(why.contains("Permissions Violation"), "{forged}: {why}");
+    }
     let record = wait_ended(&admin, &reply, T).await;
     assert_eq!(record.state, TurnState::Done, "the record is untouched");
 

@@ -259,15 +259,22 @@ async fn a_killed_waiting_turn_leaves_the_queue_and_the_next_one_runs() {
 #[tokio::test]
 async fn an_attachment_over_the_limit_gets_a_clear_error_reply() {
     let p = Pipeline::start(AGENT, |c| {
-        c.attachment_max_bytes = turnpike_config::ByteSize(1000)
+        c.attachment_max_bytes = turnpike_config::ByteSize(1000);
+        c.attachments_max_total_bytes = turnpike_config::ByteSize(3000);
     })
     .await;
-    let mut reader: &[u8] = &[0u8; 5000];
-    p.bus
-        .attachments
-        .put("big/b1/big.bin", &mut reader)
-        .await
-        .expect("upload");
+    for (object, size) in [
+        ("big/b1/big.bin", 5000),
+        ("big/b4/small.bin", 900),
+        ("other/o1/secret.txt", 10),
+    ] {
+        let mut reader: &[u8] = &vec![0u8; size];
+        p.bus
+            .attachments
+            .put(object, &mut reader)
+            .await
+            .expect("upload");
+    }
     let turn =
         send_with_attachment(&p.bus, "big", "b1", "reply:x", "big.bin", "big/b1/big.bin").await;
     let missing = send_with_attachment(
@@ -279,27 +286,47 @@ async fn an_attachment_over_the_limit_gets_a_clear_error_reply() {
         "big/b2/gone.bin",
     )
     .await;
-    let items = turnpike_testkit::eventually(T, "two error replies", || async {
+    // Another chat's object: a chat reads only what was uploaded under its own name.
+    let foreign = send_with_attachment(
+        &p.bus,
+        "big",
+        "b3",
+        "reply:x",
+        "secret.txt",
+        "other/o1/secret.txt",
+    )
+    .await;
+    // An attachment bomb: one small object listed over and over, by count and by total bytes.
+    let listed = |n| {
+        (0..n)
+            .map(|i| turnpike_core::wire::Attachment {
+                name: format!("copy{i}.bin"),
+                object: "big/b4/small.bin".into(),
+            })
+            .collect::<Vec<_>>()
+    };
+    let by_count = send_message(&p.bus, "big", "b4", "reply:x", listed(17)).await;
+    let by_bytes = send_message(&p.bus, "big", "b5", "reply:x", listed(4)).await;
+    let items = turnpike_testkit::eventually(T, "five error replies", || async {
         let items = visible_items(&p.bus, "big").await;
-        (items.len() >= 2).then_some(items)
+        (items.len() >= 5).then_some(items)
     })
     .await;
-    assert_eq!(items[0].turn, turn);
-    assert!(
-        items[0].text.contains("is 5000 bytes; the limit is 1000B"),
-        "{}",
-        items[0].text
-    );
-    assert_eq!(items[1].turn, missing);
-    assert!(
-        items[1].text.contains("not in the object store"),
-        "{}",
-        items[1].text
-    );
+    let expected = [
+        (&turn, "is 5000 bytes; the limit is 1000B"),
+        (&missing, "not in the object store"),
+        (&foreign, "is not under this chat's name \"big/\""),
+        (&by_count, "lists 17 attachments; the limit is 16"),
+        (&by_bytes, "add up to 3600 bytes; the limit is 3000B"),
+    ];
+    for (item, (turn, says)) in items.iter().zip(expected) {
+        assert_eq!(&item.turn, turn);
+        assert!(item.text.contains(says), "{} should say {says}", item.text);
+    }
     assert!(items.iter().all(|i| i.kind == OutboundKind::Notice));
-    assert_eq!(dead_letters(&p.bus).await.len(), 2);
+    assert_eq!(dead_letters(&p.bus).await.len(), 5);
     // The refused messages made no turn; the chat is free for the next one.
-    let ok = send(&p.bus, "big", "b3", "reply:fine").await;
+    let ok = send(&p.bus, "big", "b6", "reply:fine").await;
     assert_eq!(wait_ended(&p.bus, &ok, T).await.state, TurnState::Done);
     p.stop().await;
 }

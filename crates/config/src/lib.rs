@@ -113,6 +113,9 @@ pub struct Config {
     pub attachments_max: usize,
     /// Bytes all of one message's attachments may add up to.
     pub attachments_max_total_bytes: ByteSize,
+    /// Bytes the attachment store may hold (per replica); when full, uploads are refused by
+    /// NATS, so a flood of attachments cannot fill the servers' disks.
+    pub attachments_store_max_bytes: ByteSize,
 
     // --- Runner -------------------------------------------------------------------------------
     /// Stable id of this runner (default: the host name).
@@ -194,6 +197,7 @@ impl Default for Config {
             message_max_bytes: ByteSize(64 * 1024),
             attachments_max: 16,
             attachments_max_total_bytes: ByteSize(64 * 1024 * 1024),
+            attachments_store_max_bytes: ByteSize(8 * 1024 * 1024 * 1024),
             runner_id: None,
             runner_slots: 2,
             runner_backend: Backend::Docker,
@@ -301,6 +305,13 @@ impl Config {
                 "history_max_bytes",
                 format!("{} + message_max_bytes {}", self.history_max_bytes, self.message_max_bytes),
                 "both must be non-zero and add up to at most 768 KiB, so every work item and record fits NATS's 1 MiB max_payload",
+            ));
+        }
+        if self.attachments_store_max_bytes.0 < self.attachments_max_total_bytes.0 {
+            return Err(invalid(
+                "attachments_store_max_bytes",
+                self.attachments_store_max_bytes.to_string(),
+                "must hold at least one message's attachments (attachments_max_total_bytes)",
             ));
         }
         if self.attachments_max > 256 {

@@ -276,6 +276,18 @@ impl Dispatcher {
                 c.attachments_max
             )));
         }
+        // A chat names its uploads `<chat>/...`; another chat's object is not its to read.
+        let own = format!("{}/", inbound.chat);
+        if let Some(a) = inbound
+            .attachments
+            .iter()
+            .find(|a| !a.object.starts_with(&own))
+        {
+            return Ok(Some(format!(
+                "attachment {:?} (object {:?}) is not under this chat's name {own:?}",
+                a.name, a.object
+            )));
+        }
         let max = c.attachment_max_bytes;
         let mut total = 0u64;
         for a in &inbound.attachments {

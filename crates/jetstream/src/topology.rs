@@ -1,7 +1,8 @@
 //! The streams, consumers, KV buckets and object store, defined once as JSON files in the
 //! repository's `nats/` folder (the format `nats stream add --config` and `nats consumer add
 //! --config` accept). Turnpike embeds those files and creates the same topology idempotently at
-//! start-up; only replicas, retention and the duplicate window come from the config.
+//! start-up; only replicas, retention, the duplicate window and the attachment store's size come
+//! from the config.
 
 use crate::BusError;
 use async_nats::jetstream::{consumer, stream, Context};
@@ -105,6 +106,10 @@ pub fn stream_configs(config: &Config) -> Result<Vec<stream::Config>, BusError> 
                 })?;
             s.num_replicas = config.replicas;
             s.max_age = f.retention.max_age(config);
+            if let Retention::Attachments = f.retention {
+                s.max_bytes =
+                    i64::try_from(config.attachments_store_max_bytes.0).unwrap_or(i64::MAX);
+            }
             // The duplicate window may not exceed max_age.
             s.duplicate_window = if s.max_age.is_zero() {
                 config.dedup_window
@@ -191,6 +196,14 @@ mod tests {
             .find(|s| s.name == "TURNPIKE_EVENTS")
             .expect("events stream");
         assert_eq!(events.max_age, Duration::from_secs(3600));
+        let store = streams
+            .iter()
+            .find(|s| s.name == "OBJ_turnpike_attachments")
+            .expect("attachment store");
+        assert_eq!(
+            store.max_bytes as u64,
+            Config::default().attachments_store_max_bytes.0
+        );
         let work = streams
             .iter()
             .find(|s| s.name == "TURNPIKE_WORK")

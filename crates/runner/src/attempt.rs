@@ -1,6 +1,6 @@
 //! One attempt on this runner: claim it, fence it, run it, land its messages, report its exit.
 
-use crate::backend::{sanitize_attachment_name, Output, RunSpec};
+use crate::backend::{Output, RunSpec};
 use crate::classify::{classify, StopReason};
 use crate::lines::{Line, LineSplitter, MAX_LINE};
 use crate::Inner;
@@ -10,7 +10,6 @@ use bytes::Bytes;
 use futures::StreamExt;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
-use tokio::io::AsyncReadExt;
 use tokio::sync::{mpsc, watch};
 use tracing::{debug, info, warn, Instrument};
 use turnpike_core::fence::Fenced;
@@ -223,9 +222,10 @@ async fn run_fenced(
     fence_tx.send_replace(Some(fence_seq));
     let fence_subject = subjects::fence(&work.turn);
 
-    let attachments = match fetch_attachments(inner, work).await {
-        Ok(a) => a,
-        Err(AttachmentError::Refused(e)) => {
+    // Kept until the run is over: the backend reads the files from it.
+    let spool = match crate::attachments::fetch(&inner.bus, &inner.config, work).await {
+        Ok(s) => s,
+        Err(crate::attachments::AttachmentError::Refused(e)) => {
             warn!(error = %e, "attachments refused");
             return Some(ExitReport::without_output(
                 ExitClass::CouldNotStart,
@@ -233,7 +233,7 @@ async fn run_fenced(
                 now(),
             ));
         }
-        Err(AttachmentError::Unavailable(e)) => {
+        Err(crate::attachments::AttachmentError::Unavailable(e)) => {
             warn!(error = %e, "attachments unavailable; the attempt dies and may be retried");
             return Some(ExitReport::without_output(ExitClass::EngineError, e, now()));
         }
@@ -241,7 +241,7 @@ async fn run_fenced(
 
     let spec = RunSpec {
         work: work.clone(),
-        attachments,
+        attachments: spool.files.clone(),
         memory_limit: inner.config.memory_limit.0,
         stop_grace: inner.config.stop_grace,
     };
@@ -663,70 +663,6 @@ pub(crate) async fn fence_stop(inner: &Inner, work: &WorkItem, ours: u64) -> Sto
         // Refused, so not ours any more, whichever it was.
         Err(_) => StopReason::Superseded,
     }
-}
-
-/// Fetch the message's attachments from the object store, within the size limit.
-/// Why an attempt's attachments could not be had.
-#[derive(Debug, thiserror::Error)]
-enum AttachmentError {
-    /// The message's attachments can never be had (too many, too large, gone): the agent
-    /// cannot start, and trying again would not help.
-    #[error("{0}")]
-    Refused(String),
-    /// The object store did not answer: a death of this attempt, which a retry may not hit.
-    #[error("{0}")]
-    Unavailable(String),
-}
-
-async fn fetch_attachments(
-    inner: &Inner,
-    work: &WorkItem,
-) -> Result<Vec<(String, Bytes)>, AttachmentError> {
-    use AttachmentError::{Refused, Unavailable};
-    let max = inner.config.attachment_max_bytes.0;
-    let max_total = inner.config.attachments_max_total_bytes.0;
-    if work.message.attachments.len() > inner.config.attachments_max {
-        return Err(Refused(format!(
-            "the message lists {} attachments; the limit is {}",
-            work.message.attachments.len(),
-            inner.config.attachments_max
-        )));
-    }
-    let mut total = 0u64;
-    let mut out = Vec::new();
-    for a in &work.message.attachments {
-        let mut obj = inner.bus.attachments.get(&a.object).await.map_err(|e| {
-            let what = format!("attachment {:?} (object {:?})", a.name, a.object);
-            match e.kind() {
-                async_nats::jetstream::object_store::GetErrorKind::NotFound
-                | async_nats::jetstream::object_store::GetErrorKind::InvalidName => {
-                    Refused(format!("{what} is not in the object store"))
-                }
-                _ => Unavailable(format!("{what} unavailable: {e}")),
-            }
-        })?;
-        if obj.info().size as u64 > max {
-            return Err(Refused(format!(
-                "attachment {:?} is {} bytes; the limit is {}",
-                a.name,
-                obj.info().size,
-                inner.config.attachment_max_bytes
-            )));
-        }
-        total += obj.info().size as u64;
-        if total > max_total {
-            return Err(Refused(format!(
-                "the attachments add up to more than {}",
-                inner.config.attachments_max_total_bytes
-            )));
-        }
-        let mut data = Vec::new();
-        obj.read_to_end(&mut data)
-            .await
-            .map_err(|e| Unavailable(format!("attachment {:?} could not be read: {e}", a.name)))?;
-        out.push((sanitize_attachment_name(&a.name), Bytes::from(data)));
-    }
-    Ok(out)
 }
 
 /// What a runner event is about.

@@ -2,6 +2,7 @@
 //! time, runs each in a fresh container (Docker) or child process, lands the agent's bot messages
 //! on the chat's outbound subject, and reports how each attempt ended.
 
+pub mod attachments;
 mod attempt;
 pub mod backend;
 /// How a run ended: the rules live in core, shared with the protocol model.

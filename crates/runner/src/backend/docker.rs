@@ -17,7 +17,6 @@ use bollard::query_parameters::{
     StopContainerOptionsBuilder, UploadToContainerOptionsBuilder, WaitContainerOptions,
 };
 use bollard::Docker;
-use bytes::Bytes;
 use futures::StreamExt;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -233,7 +232,7 @@ impl DockerBackend {
         let paths = spec
             .attachments
             .iter()
-            .map(|(n, _)| format!("{ATTACHMENT_DIR}/{n}"))
+            .map(|a| format!("{ATTACHMENT_DIR}/{}", a.name))
             .collect();
         let input = match serde_json::to_vec(&AgentInput::from_work(work, paths)) {
             Ok(i) => i,
@@ -274,18 +273,15 @@ impl DockerBackend {
         mut stop: watch::Receiver<Option<StopReason>>,
     ) -> RawExit {
         if !spec.attachments.is_empty() {
-            let tar = match attachments_tar(&spec.attachments) {
+            let tar = match attachments_tar(spec.attachments.clone()).await {
                 Ok(t) => t,
                 Err(e) => return engine_error(format!("cannot pack attachments: {e}")),
             };
             let opts = UploadToContainerOptionsBuilder::new()
                 .path(ATTACHMENT_DIR)
                 .build();
-            if let Err(e) = self
-                .docker
-                .upload_to_container(id, Some(opts), bollard::body_full(Bytes::from(tar)))
-                .await
-            {
+            let body = bollard::body_try_stream(tokio_util::io::ReaderStream::new(tar));
+            if let Err(e) = self.docker.upload_to_container(id, Some(opts), body).await {
                 return engine_error(format!(
                     "copying attachments into the container failed: {e}"
                 ));
@@ -464,16 +460,26 @@ fn is_refusal(e: &DockerError) -> bool {
     }
 }
 
-/// A tar archive with one `<name>` per attachment (unpacked in ATTACHMENT_DIR), readable by any user.
-fn attachments_tar(files: &[(String, Bytes)]) -> std::io::Result<Vec<u8>> {
-    let mut builder = tar::Builder::new(Vec::new());
-    // Unpacked at ATTACHMENT_DIR, the container's attachments volume.
-    for (name, content) in files {
-        let mut h = tar::Header::new_gnu();
-        h.set_mode(0o644);
-        h.set_size(content.len() as u64);
-        h.set_cksum();
-        builder.append_data(&mut h, name, content.as_ref())?;
-    }
-    builder.into_inner()
+/// A tar archive with one `<name>` per attachment (unpacked in ATTACHMENT_DIR), readable by any
+/// user, packed from the spooled files into an unnamed temporary file and streamed from there:
+/// never more than a buffer of it in memory.
+async fn attachments_tar(
+    files: Vec<crate::attachments::Spooled>,
+) -> std::io::Result<tokio::fs::File> {
+    let tar = tokio::task::spawn_blocking(move || {
+        let mut builder = tar::Builder::new(tempfile::tempfile()?);
+        for a in &files {
+            let mut h = tar::Header::new_gnu();
+            h.set_mode(0o644);
+            h.set_size(a.len);
+            h.set_cksum();
+            builder.append_data(&mut h, &a.name, std::fs::File::open(&a.path)?)?;
+        }
+        let mut file = builder.into_inner()?;
+        std::io::Seek::rewind(&mut file)?;
+        Ok::<_, std::io::Error>(file)
+    })
+    .await
+    .map_err(std::io::Error::other)??;
+    Ok(tokio::fs::File::from_std(tar))
 }

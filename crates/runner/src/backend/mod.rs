@@ -21,8 +21,8 @@ use turnpike_core::wire::WorkItem;
 #[derive(Debug, Clone)]
 pub struct RunSpec {
     pub work: WorkItem,
-    /// Attachment files: sanitised name and content.
-    pub attachments: Vec<(String, Bytes)>,
+    /// Attachment files, spooled on disk, with the names the agent sees.
+    pub attachments: Vec<crate::attachments::Spooled>,
     pub memory_limit: u64,
     pub stop_grace: Duration,
 }

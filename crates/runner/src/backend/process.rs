@@ -79,10 +79,15 @@ impl ProcessBackend {
             if let Err(e) = tokio::fs::create_dir(&att_dir).await {
                 return engine_error(format!("cannot create {}: {e}", att_dir.display()));
             }
-            for (name, content) in &spec.attachments {
-                let path = att_dir.join(name);
-                if let Err(e) = tokio::fs::write(&path, content).await {
-                    return engine_error(format!("cannot write {}: {e}", path.display()));
+            for a in &spec.attachments {
+                let path = att_dir.join(&a.name);
+                // A hard link when the spool shares the file system, else a copy: never in memory.
+                let placed = match tokio::fs::hard_link(&a.path, &path).await {
+                    Ok(()) => Ok(()),
+                    Err(_) => tokio::fs::copy(&a.path, &path).await.map(drop),
+                };
+                if let Err(e) = placed {
+                    return engine_error(format!("cannot place {}: {e}", path.display()));
                 }
                 paths.push(path.to_string_lossy().into_owned());
             }

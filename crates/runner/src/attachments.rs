@@ -1,0 +1,195 @@
+//! An attempt's attachments, streamed from the object store to files in a spool directory, never
+//! held in memory: a message may list up to `attachments_max` objects adding up to
+//! `attachments_max_total_bytes`, and a runner runs `runner_slots` attempts at once, so holding
+//! them would put the runner's own memory (and its other runs) at the mercy of one message.
+//! The backends take the files from there: hard links for the process backend, a tar streamed
+//! from disk for Docker.
+
+use std::path::{Path, PathBuf};
+use tokio::io::AsyncWriteExt;
+use turnpike_config::Config;
+use turnpike_core::wire::WorkItem;
+use turnpike_jetstream::Bus;
+
+use crate::backend::sanitize_attachment_name;
+
+/// One attachment on disk.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Spooled {
+    /// The name the agent sees (one safe path component).
+    pub name: String,
+    pub path: PathBuf,
+    pub len: u64,
+}
+
+/// The spool directory of one attempt; removed when dropped (on the blocking pool).
+pub struct Spool {
+    dir: Option<tempfile::TempDir>,
+    pub files: Vec<Spooled>,
+}
+
+impl Spool {
+    pub fn path(&self) -> &Path {
+        self.dir
+            .as_ref()
+            .map_or(Path::new(""), tempfile::TempDir::path)
+    }
+}
+
+impl Drop for Spool {
+    fn drop(&mut self) {
+        let Some(dir) = self.dir.take() else { return };
+        let remove = move || {
+            let path = dir.path().to_path_buf();
+            if let Err(e) = dir.close() {
+                tracing::warn!(path = %path.display(), error = %e, "cannot remove an attempt's attachment spool");
+            }
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(rt) => drop(rt.spawn_blocking(remove)),
+            Err(_) => remove(),
+        }
+    }
+}
+
+/// Why an attempt's attachments could not be had.
+#[derive(Debug, thiserror::Error)]
+pub enum AttachmentError {
+    /// The message's attachments can never be had (too many, too large, gone): the agent
+    /// cannot start, and trying again would not help.
+    #[error("{0}")]
+    Refused(String),
+    /// The object store or the local disk failed: a death of this attempt, which a retry may
+    /// not hit.
+    #[error("{0}")]
+    Unavailable(String),
+}
+
+/// Fetch the message's attachments into a fresh spool directory (under `scratch_dir` when set),
+/// within the count and byte limits. Each object's bytes are counted as they arrive, so an
+/// object larger than its metadata says is refused too, after at most one limit's worth.
+pub async fn fetch(bus: &Bus, config: &Config, work: &WorkItem) -> Result<Spool, AttachmentError> {
+    use AttachmentError::{Refused, Unavailable};
+    let listed = &work.message.attachments;
+    if listed.len() > config.attachments_max {
+        return Err(Refused(format!(
+            "the message lists {} attachments; the limit is {}",
+            listed.len(),
+            config.attachments_max
+        )));
+    }
+    let mut spool = Spool {
+        dir: None,
+        files: Vec::new(),
+    };
+    if listed.is_empty() {
+        return Ok(spool);
+    }
+    let scratch = config.scratch_dir.clone();
+    let dir = tokio::task::spawn_blocking(move || {
+        let mut b = tempfile::Builder::new();
+        b.prefix("turnpike-attachments-");
+        match &scratch {
+            Some(parent) => b.tempdir_in(parent),
+            None => b.tempdir(),
+        }
+    })
+    .await
+    .map_err(std::io::Error::other)
+    .and_then(|made| made)
+    .map_err(|e| Unavailable(format!("cannot make the attachment spool: {e}")))?;
+    spool.dir = Some(dir);
+    let max = config.attachment_max_bytes.0;
+    let max_total = config.attachments_max_total_bytes.0;
+    let mut total = 0u64;
+    for (i, a) in listed.iter().enumerate() {
+        let what = format!("attachment {:?} (object {:?})", a.name, a.object);
+        let obj = bus.attachments.get(&a.object).await.map_err(|e| {
+            use async_nats::jetstream::object_store::GetErrorKind;
+            match e.kind() {
+                GetErrorKind::NotFound | GetErrorKind::InvalidName => {
+                    Refused(format!("{what} is not in the object store"))
+                }
+                _ => Unavailable(format!("{what} unavailable: {e}")),
+            }
+        })?;
+        let declared = obj.info().size as u64;
+        if declared > max {
+            return Err(Refused(format!(
+                "attachment {:?} is {declared} bytes; the limit is {}",
+                a.name, config.attachment_max_bytes
+            )));
+        }
+        if total + declared > max_total {
+            return Err(Refused(format!(
+                "the attachments add up to more than {}",
+                config.attachments_max_total_bytes
+            )));
+        }
+        // Numbered, not named: two attachments may share a name.
+        let path = spool.path().join(i.to_string());
+        let len = copy_bounded(obj, &path, max.min(max_total - total))
+            .await
+            .map_err(|e| match e {
+                Copy::TooLong(limit) => Refused(format!("{what} holds more than {limit} bytes")),
+                Copy::Read(e) => Unavailable(format!("{what} could not be read: {e}")),
+                Copy::Write(e) => Unavailable(format!("cannot spool {what}: {e}")),
+            })?;
+        total += len;
+        spool.files.push(Spooled {
+            name: sanitize_attachment_name(&a.name),
+            path,
+            len,
+        });
+    }
+    Ok(spool)
+}
+
+enum Copy {
+    TooLong(u64),
+    Read(std::io::Error),
+    Write(std::io::Error),
+}
+
+/// Stream `from` into a new file at `to`, in chunks; more than `limit` bytes is an error.
+async fn copy_bounded(
+    mut from: impl tokio::io::AsyncRead + Unpin,
+    to: &Path,
+    limit: u64,
+) -> Result<u64, Copy> {
+    use tokio::io::AsyncReadExt;
+    let mut file = tokio::fs::File::create(to).await.map_err(Copy::Write)?;
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut len = 0u64;
+    loop {
+        let n = from.read(&mut buf).await.map_err(Copy::Read)?;
+        if n == 0 {
+            break;
+        }
+        len += n as u64;
+        if len > limit {
+            return Err(Copy::TooLong(limit));
+        }
+        file.write_all(&buf[..n]).await.map_err(Copy::Write)?;
+    }
+    file.flush().await.map_err(Copy::Write)?;
+    Ok(len)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_copy_stops_past_its_limit_and_keeps_what_fits() {
+        let dir = tempfile::tempdir().expect("dir");
+        let fits = dir.path().join("fits");
+        let data = vec![7u8; 200_000];
+        let n = copy_bounded(&data[..], &fits, 200_000).await;
+        assert!(matches!(n, Ok(200_000)));
+        assert_eq!(std::fs::read(&fits).expect("read"), data);
+        let over = dir.path().join("over");
+        let n = copy_bounded(&data[..], &over, 199_999).await;
+        assert!(matches!(n, Err(Copy::TooLong(199_999))));
+    }
+}

@@ -7,15 +7,18 @@
 //! Run alone, one case at a time: `cargo nextest run -p turnpike-tests --test faults
 //! --test-threads 1`. `TURNPIKE_SOAK=<k>` multiplies every load by k (the long run).
 
+use futures::StreamExt;
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 use turnpike_core::lifecycle::TurnState;
-use turnpike_core::wire::{ExitClass, RunnerEvent, RunnerEventKind};
+use turnpike_core::wire::{Attachment, ExitClass, OutboundKind, RunnerEvent, RunnerEventKind};
 use turnpike_core::{subjects, ChatId, RunnerId, TurnId, TurnRecord, FORMAT_VERSION};
 use turnpike_jetstream::turns;
 use turnpike_testkit::eventually;
 use turnpike_tests::cluster::*;
-use turnpike_tests::{connect_as, dead_letters, init_logs, wait_state};
+use turnpike_tests::{
+    connect_as, dead_letters, init_logs, send_message, visible_items, wait_state,
+};
 
 /// How long a case waits for its turns to end: generous (an R3 cluster and six roles share two
 /// cores here), and longer for a soak.
@@ -594,6 +597,299 @@ async fn f7_bad_input_flood() {
     tally.note = format!(
         "{malformed} malformed inbound, {bad_events} bad events dead-lettered ({by_subject:?}); \
          oversize refused; {refused} forged publishes refused"
+    );
+    tally.report();
+}
+
+/// 8. Kill racing a claim: each kill is sent the instant the attempt's claim appears, while the
+/// runner is between its claim and its fence. A kill is a fence move the runner cannot miss: every
+/// turn ends killed, with one attempt and not one bot message (the agent would reply 1.5 s in).
+#[tokio::test]
+async fn f8_kill_racing_a_claim() {
+    init_logs();
+    let c = Cluster::start(ClusterOpts::default()).await;
+    let n = 8 * soak();
+    let races = (0..n).map(|i| {
+        let c = &c;
+        async move {
+            let chat = format!("f8-{i}");
+            let id = format!("f8-m{i}");
+            let turn = TurnId::for_message(&ChatId::new(&chat).expect("chat"), &id);
+            let mut claims = c
+                .bus
+                .claims
+                .watch(subjects::claim_key(&turn, 1))
+                .await
+                .expect("watch the claim");
+            send_acked(&c.bus, &chat, &id, "sleep:1.5", 30).await;
+            claims
+                .next()
+                .await
+                .expect("the claim appears")
+                .expect("entry");
+            let answer = turnpike_tests::kill_turn(&c.bus, &turn).await;
+            assert!(answer.ok, "kill refused: {}", answer.message);
+            Expect {
+                turn,
+                state: TurnState::Killed,
+                attempts: Some(1),
+                replies: 0,
+            }
+        }
+    });
+    let expects = futures::future::join_all(races).await;
+    let mut tally = judge(&c.bus, "8 kill racing a claim", &expects, long()).await;
+    // Each turn's final status is its last item: nothing of a killed attempt lands after it.
+    let outbound = outbound_by_turn(&c.bus).await;
+    for e in &expects {
+        let items = outbound.get(e.turn.as_str()).cloned().unwrap_or_default();
+        if !items.last().is_some_and(|i| i.r#final) {
+            tally.wrong += 1;
+            tally
+                .problems
+                .push(format!("{}: output after its final status", e.turn));
+        }
+    }
+    tally.note = format!("{n} kills sent as each claim appeared; no killed turn posted");
+    tally.report();
+}
+
+/// 9. Lease lapse during a slow exit report: the agent replies, and its runner is cut off before
+/// it can report the clean exit that follows, for longer than the lease. The sweep declares the
+/// attempt lost, counts the reply behind the fence, and the turn ends failed with the plain
+/// notice, never retried; the late report, once the runner is back, changes nothing.
+#[tokio::test]
+async fn f9_lease_lapse_during_a_slow_exit_report() {
+    init_logs();
+    let opts = ClusterOpts {
+        runners: 2,
+        ..ClusterOpts::default()
+    };
+    let lease = opts.lease;
+    let c = Cluster::start(opts).await;
+    let mut expects = Vec::new();
+    let mut outcomes = Vec::new();
+    for i in 0..soak() {
+        let chat = format!("f9-{i}");
+        let turn = send_acked(&c.bus, &chat, &format!("f9-m{i}"), "reply-then-exit:3", 30).await;
+        // Cut the runner off as soon as the reply is visible: its agent exits 3 s later.
+        eventually(Duration::from_secs(60), "the reply lands", || async {
+            visible_items(&c.bus, &chat)
+                .await
+                .iter()
+                .any(|m| m.turn == turn && m.kind == OutboundKind::Message)
+                .then_some(())
+        })
+        .await;
+        let r = record(&c, &turn).await;
+        let runner = r.attempts[0].runner.clone().expect("a runner holds it");
+        let name = runner_name(&c, &runner);
+        c.disconnect(&name).await;
+        // Past the lease: the sweep settles the attempt while the exit report waits.
+        let ended = wait_all_ended(&c.bus, std::slice::from_ref(&turn), long()).await;
+        let before = ended[0].clone().expect("turn");
+        c.connect(&name).await;
+        tokio::time::sleep(lease).await;
+        let after = record(&c, &turn).await;
+        let class = before.attempts[0].exit.as_ref().map(|x| x.class);
+        outcomes.push(format!("{class:?}"));
+        // By the table: a lost runner after a reply is a failed turn (plain notice); had the clean
+        // exit got out before the cut, the turn would be done. Either way: one attempt, one reply.
+        let state = if class == Some(ExitClass::Clean) {
+            TurnState::Done
+        } else {
+            TurnState::Failed
+        };
+        expects.push(Expect {
+            turn: turn.clone(),
+            state,
+            attempts: Some(1),
+            replies: 1,
+        });
+        assert_eq!(
+            (
+                after.state,
+                after.attempts.len(),
+                after.attempts[0].exit.as_ref().map(|x| x.class)
+            ),
+            (before.state, before.attempts.len(), class),
+            "the late exit report changed the outcome"
+        );
+    }
+    let mut tally = judge(&c.bus, "9 lease lapse, slow exit", &expects, long()).await;
+    tally.note = format!(
+        "runner cut off between reply and clean exit, past the lease ({lease:?}); attempt 1 ended {}",
+        outcomes.join(", ")
+    );
+    tally.report();
+}
+
+/// 10. A heavy chat: one chat whose turns each reply 60 KiB. Its history is bounded in bytes, so
+/// the chat record and every work item stay inside NATS's 1 MiB payload: every turn is answered,
+/// in order, none wedges.
+#[tokio::test]
+async fn f10_heavy_chat() {
+    init_logs();
+    let c = Cluster::start(ClusterOpts::default()).await;
+    let n = 24 * soak();
+    let mut expects = Vec::new();
+    for i in 0..n {
+        let text = "big-reply:61440";
+        let t = send_acked(&c.bus, "f10", &format!("f10-m{i}"), text, 30).await;
+        expects.push(expect_script(t, text, 3));
+    }
+    let mut tally = judge(&c.bus, "10 heavy chat", &expects, long()).await;
+    let last = record(&c, &expects[n - 1].turn).await;
+    let bytes: usize = last.history.iter().map(|h| h.text.len()).sum();
+    let budget = 256 * 1024;
+    if bytes > budget {
+        tally.wrong += 1;
+        tally
+            .problems
+            .push(format!("history of {bytes} B over {budget} B"));
+    }
+    tally.note = format!(
+        "{n} turns of 60 KiB replies in one chat ({} KiB in all); the last turn's history: {} entries, {} KiB",
+        n * 60,
+        last.history.len(),
+        bytes / 1024
+    );
+    tally.report();
+}
+
+/// 11. An attachment bomb: one object listed many times, objects past the byte limits, another
+/// chat's object, while ordinary turns run. What fits the limits (16 × 4 MiB = 64 MiB) is
+/// streamed through a runner to its container; the rest is refused with a notice; no node
+/// restarts, and the ordinary turns end as the table says.
+#[tokio::test]
+async fn f11_attachment_bomb() {
+    init_logs();
+    let c = Cluster::start(ClusterOpts::default()).await;
+    let put = |object: &'static str, len: usize| {
+        let bus = &c.bus;
+        async move {
+            let mut reader: &[u8] = &vec![0x5a; len];
+            bus.attachments
+                .put(object, &mut reader)
+                .await
+                .expect("upload");
+        }
+    };
+    put("f11/m/blob.bin", 4 << 20).await;
+    put("f11/m/big.bin", 10 << 20).await;
+    let listed = |object: &str, n: usize| {
+        (0..n)
+            .map(|i| Attachment {
+                name: format!("copy{i}.bin"),
+                object: object.to_owned(),
+            })
+            .collect::<Vec<_>>()
+    };
+    let fits = send_message(
+        &c.bus,
+        "f11",
+        "f11-fits",
+        "attachments",
+        listed("f11/m/blob.bin", 16),
+    )
+    .await;
+    let refused = [
+        (
+            send_message(
+                &c.bus,
+                "f11",
+                "f11-count",
+                "attachments",
+                listed("f11/m/blob.bin", 17),
+            )
+            .await,
+            "f11",
+            "lists 17 attachments",
+        ),
+        (
+            send_message(
+                &c.bus,
+                "f11",
+                "f11-bytes",
+                "attachments",
+                listed("f11/m/big.bin", 7),
+            )
+            .await,
+            "f11",
+            "add up to",
+        ),
+        (
+            send_message(
+                &c.bus,
+                "f11x",
+                "f11-foreign",
+                "attachments",
+                listed("f11/m/blob.bin", 1),
+            )
+            .await,
+            "f11x",
+            "is not under this chat's name",
+        ),
+    ];
+    let mut expects = vec![expect_script(fits.clone(), "attachments", 3)];
+    for i in 0..6 * soak() {
+        let t = send_acked(
+            &c.bus,
+            &format!("f11-ok-{i}"),
+            &format!("f11-ok-m{i}"),
+            "reply:ok",
+            30,
+        )
+        .await;
+        expects.push(expect_script(t, "reply:ok", 3));
+    }
+    let mut tally = judge(&c.bus, "11 attachment bomb", &expects, long()).await;
+    // The 64 MiB reached the agent whole: 16 files of 4 MiB.
+    let outbound = outbound_by_turn(&c.bus).await;
+    let summary = outbound
+        .get(fits.as_str())
+        .and_then(|items| items.iter().find(|i| i.kind == OutboundKind::Message))
+        .map(|m| m.text.clone())
+        .unwrap_or_default();
+    let whole = summary.matches(&format!(" {} ", 4 << 20)).count();
+    if whole != 16 {
+        tally.wrong += 1;
+        tally.problems.push(format!(
+            "the agent saw {whole} whole attachments: {summary:.300}"
+        ));
+    }
+    for (turn, chat, says) in &refused {
+        let notice = eventually(Duration::from_secs(60), "a refusal notice", || async {
+            visible_items(&c.bus, chat)
+                .await
+                .into_iter()
+                .find(|i| &i.turn == turn && i.kind == OutboundKind::Notice)
+        })
+        .await;
+        let made = turns::load(&c.bus, turn).await.expect("read turn");
+        if !notice.text.contains(says) || made.is_some() {
+            tally.wrong += 1;
+            tally.problems.push(format!(
+                "{turn}: notice {:?}, turn made: {}",
+                notice.text,
+                made.is_some()
+            ));
+        }
+    }
+    let mut names: Vec<String> = vec!["dispatcher".into()];
+    names.extend((1..=c.opts.runners).map(|k| format!("runner-{k}")));
+    for name in &names {
+        let (running, restarts) = c.state(name).await;
+        if !running || restarts > 0 {
+            tally.wrong += 1;
+            tally
+                .problems
+                .push(format!("{name}: running {running}, restarts {restarts}"));
+        }
+    }
+    tally.note = format!(
+        "64 MiB (one 4 MiB object listed 16 times) reached the agent whole; {} bombs refused with a notice; no restarts",
+        refused.len()
     );
     tally.report();
 }

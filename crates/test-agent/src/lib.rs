@@ -17,6 +17,7 @@
 //! | `flood:<n>` | sends n messages |
 //! | `big-reply:<n>` | replies one message of n bytes |
 //! | `reply-then-hang` | replies, then hangs |
+//! | `reply-then-exit:<s>` | replies, then exits cleanly `<s>` seconds later |
 //! | `fail-huge` | reports a failure whose error line is over 1 MiB, and exits 0 |
 //! | `write-file:<path>` | tries to create `<path>`; replies `wrote <path>` or `refused <path>: <error>` |
 //! | `attachments` | replies, per attachment, its path, size and FNV-1a hash (tests check bytes) |
@@ -249,6 +250,14 @@ pub fn run() -> ! {
                 "{{\"type\":\"result\",\"status\":\"error\",\"error\":\"{}\"}}",
                 "e".repeat(2 << 20)
             ));
+        }
+        "reply-then-exit" => {
+            // `reply-then-exit:2`: answer, then end cleanly 2 s later (a test cuts the runner
+            // off meanwhile, so its exit report is late).
+            reply("an answer, then a clean exit");
+            let secs: f64 = arg.and_then(|a| a.parse().ok()).unwrap_or(0.0);
+            std::thread::sleep(Duration::from_secs_f64(secs.max(0.0)));
+            result_ok();
         }
         "reply-then-hang" => {
             reply("an answer, then silence");

@@ -34,6 +34,23 @@ async fn record(c: &Cluster, turn: &TurnId) -> TurnRecord {
         .record
 }
 
+/// Count every node of the cluster that is not running, or has restarted, as a wrong outcome.
+async fn no_restarts(c: &Cluster, tally: &mut Tally) {
+    let mut names: Vec<String> = vec!["nats-1".into(), "nats-2".into(), "nats-3".into()];
+    names.extend((1..=c.opts.coordinators).map(|k| format!("coordinator-{k}")));
+    names.push("dispatcher".into());
+    names.extend((1..=c.opts.runners).map(|k| format!("runner-{k}")));
+    for name in &names {
+        let (running, restarts) = c.state(name).await;
+        if !running || restarts > 0 {
+            tally.wrong += 1;
+            tally
+                .problems
+                .push(format!("{name}: running {running}, restarts {restarts}"));
+        }
+    }
+}
+
 fn runner_name(c: &Cluster, runner: &RunnerId) -> String {
     let prefix = format!("tpf{}-", c.id);
     runner
@@ -571,19 +588,7 @@ async fn f7_bad_input_flood() {
         *by_subject.entry(subject.clone()).or_default() += 1;
     }
     // No node crashed or restarted.
-    let mut names: Vec<String> = vec!["nats-1".into(), "nats-2".into(), "nats-3".into()];
-    names.extend((1..=c.opts.coordinators).map(|k| format!("coordinator-{k}")));
-    names.push("dispatcher".into());
-    names.extend((1..=c.opts.runners).map(|k| format!("runner-{k}")));
-    for name in &names {
-        let (running, restarts) = c.state(name).await;
-        if !running || restarts > 0 {
-            tally.wrong += 1;
-            tally
-                .problems
-                .push(format!("{name}: running {running}, restarts {restarts}"));
-        }
-    }
+    no_restarts(&c, &mut tally).await;
     // Nothing forged reached a turn or the queue.
     let info = c
         .bus
@@ -876,17 +881,7 @@ async fn f11_attachment_bomb() {
             ));
         }
     }
-    let mut names: Vec<String> = vec!["dispatcher".into()];
-    names.extend((1..=c.opts.runners).map(|k| format!("runner-{k}")));
-    for name in &names {
-        let (running, restarts) = c.state(name).await;
-        if !running || restarts > 0 {
-            tally.wrong += 1;
-            tally
-                .problems
-                .push(format!("{name}: running {running}, restarts {restarts}"));
-        }
-    }
+    no_restarts(&c, &mut tally).await;
     tally.note = format!(
         "64 MiB (one 4 MiB object listed 16 times) reached the agent whole; {} bombs refused with a notice; no restarts",
         refused.len()

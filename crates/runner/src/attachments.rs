@@ -12,6 +12,7 @@ use turnpike_core::wire::WorkItem;
 use turnpike_jetstream::Bus;
 
 use crate::backend::sanitize_attachment_name;
+use crate::scratch::AttemptDir;
 
 /// One attachment on disk.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -22,34 +23,11 @@ pub struct Spooled {
     pub len: u64,
 }
 
-/// The spool directory of one attempt; removed when dropped (on the blocking pool).
+/// The spool directory of one attempt (removed when dropped) and the files in it.
 pub struct Spool {
-    dir: Option<tempfile::TempDir>,
+    /// Held for its removal on drop.
+    _dir: Option<AttemptDir>,
     pub files: Vec<Spooled>,
-}
-
-impl Spool {
-    pub fn path(&self) -> &Path {
-        self.dir
-            .as_ref()
-            .map_or(Path::new(""), tempfile::TempDir::path)
-    }
-}
-
-impl Drop for Spool {
-    fn drop(&mut self) {
-        let Some(dir) = self.dir.take() else { return };
-        let remove = move || {
-            let path = dir.path().to_path_buf();
-            if let Err(e) = dir.close() {
-                tracing::warn!(path = %path.display(), error = %e, "cannot remove an attempt's attachment spool");
-            }
-        };
-        match tokio::runtime::Handle::try_current() {
-            Ok(rt) => drop(rt.spawn_blocking(remove)),
-            Err(_) => remove(),
-        }
-    }
 }
 
 /// Why an attempt's attachments could not be had.
@@ -79,26 +57,16 @@ pub async fn fetch(bus: &Bus, config: &Config, work: &WorkItem) -> Result<Spool,
         )));
     }
     let mut spool = Spool {
-        dir: None,
+        _dir: None,
         files: Vec::new(),
     };
     if listed.is_empty() {
         return Ok(spool);
     }
-    let scratch = config.scratch_dir.clone();
-    let dir = tokio::task::spawn_blocking(move || {
-        let mut b = tempfile::Builder::new();
-        b.prefix("turnpike-attachments-");
-        match &scratch {
-            Some(parent) => b.tempdir_in(parent),
-            None => b.tempdir(),
-        }
-    })
-    .await
-    .map_err(std::io::Error::other)
-    .and_then(|made| made)
-    .map_err(|e| Unavailable(format!("cannot make the attachment spool: {e}")))?;
-    spool.dir = Some(dir);
+    let prefix = format!("turnpike-{}-{}-attachments-", work.turn, work.attempt);
+    let dir = AttemptDir::make(config.scratch_dir.as_deref(), &prefix, &work.turn)
+        .await
+        .map_err(|e| Unavailable(format!("cannot make the attachment spool: {e}")))?;
     let max = config.attachment_max_bytes.0;
     let max_total = config.attachments_max_total_bytes.0;
     let mut total = 0u64;
@@ -127,7 +95,7 @@ pub async fn fetch(bus: &Bus, config: &Config, work: &WorkItem) -> Result<Spool,
             )));
         }
         // Numbered, not named: two attachments may share a name.
-        let path = spool.path().join(i.to_string());
+        let path = dir.path().join(i.to_string());
         let len = copy_bounded(obj, &path, max.min(max_total - total))
             .await
             .map_err(|e| match e {
@@ -142,6 +110,7 @@ pub async fn fetch(bus: &Bus, config: &Config, work: &WorkItem) -> Result<Spool,
             len,
         });
     }
+    spool._dir = Some(dir);
     Ok(spool)
 }
 

@@ -9,6 +9,7 @@ pub mod backend;
 pub use turnpike_core::exit as classify;
 mod lease;
 pub mod lines;
+mod scratch;
 
 use async_nats::jetstream::consumer::PullConsumer;
 use backend::{Backend, DockerBackend, ProcessBackend};

@@ -5,18 +5,18 @@
 
 use super::{Output, RunSpec};
 use crate::classify::{RawExit, StopReason};
+use crate::scratch::AttemptDir;
 use bytes::Bytes;
 use rustix::process::Signal;
 use rustix::process::{kill_process_group, prlimit, Pid, Resource, Rlimit};
 use std::os::unix::process::ExitStatusExt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{ExitStatus, Stdio};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::process::Command;
 use tokio::sync::{mpsc, watch};
 use tracing::warn;
 use turnpike_core::wire::AgentInput;
-use turnpike_core::TurnId;
 
 pub struct ProcessBackend {
     argv: Vec<String>,
@@ -57,20 +57,8 @@ impl ProcessBackend {
         let prefix = format!("turnpike-{}-{}-", work.turn, work.attempt);
         // Directory calls block (on a journalled disk, behind I/O): keep them off the runtime's
         // workers, which also drive this runner's NATS connection and its leases.
-        let scratch = self.scratch.clone();
-        let dir = tokio::task::spawn_blocking(move || {
-            let mut dir = tempfile::Builder::new();
-            dir.prefix(&prefix);
-            match &scratch {
-                Some(parent) => dir.tempdir_in(parent),
-                None => dir.tempdir(),
-            }
-        })
-        .await
-        .map_err(std::io::Error::other)
-        .and_then(|made| made);
-        let dir = match dir {
-            Ok(d) => AttemptDir::new(d, work.turn.clone()),
+        let dir = match AttemptDir::make(self.scratch.as_deref(), &prefix, &work.turn).await {
+            Ok(d) => d,
             Err(e) => return engine_error(format!("cannot create the attempt's temp dir: {e}")),
         };
         let att_dir = dir.path().join("attachments");
@@ -195,47 +183,6 @@ impl ProcessBackend {
     }
 }
 
-/// An attempt's working directory. Dropping it, on any way out of `run`, hands the removal to
-/// the blocking pool: the exit is what the turn waits for, the removal is housekeeping that may
-/// wait for the disk. Without a runtime to hand it to, it is removed here.
-struct AttemptDir {
-    /// `None` only once `drop` has taken it.
-    dir: Option<tempfile::TempDir>,
-    turn: TurnId,
-}
-
-impl AttemptDir {
-    fn new(dir: tempfile::TempDir, turn: TurnId) -> Self {
-        AttemptDir {
-            dir: Some(dir),
-            turn,
-        }
-    }
-
-    fn path(&self) -> &Path {
-        self.dir
-            .as_ref()
-            .map_or(Path::new(""), tempfile::TempDir::path)
-    }
-}
-
-impl Drop for AttemptDir {
-    fn drop(&mut self) {
-        let Some(dir) = self.dir.take() else { return };
-        let turn = self.turn.clone();
-        let remove = move || {
-            let path = dir.path().to_path_buf();
-            if let Err(e) = dir.close() {
-                warn!(turn_id = %turn, path = %path.display(), error = %e, "cannot remove the attempt's directory");
-            }
-        };
-        match tokio::runtime::Handle::try_current() {
-            Ok(rt) => drop(rt.spawn_blocking(remove)),
-            Err(_) => remove(),
-        }
-    }
-}
-
 fn engine_error(message: String) -> RawExit {
     RawExit {
         engine_error: Some(message),
@@ -305,38 +252,5 @@ mod tests {
         }
         assert!(ProcessBackend::new("agent", Some(std::env::temp_dir())).is_ok());
         assert!(ProcessBackend::new("agent", None).is_ok());
-    }
-
-    fn attempt_dir() -> AttemptDir {
-        let dir = tempfile::tempdir().expect("temp dir");
-        std::fs::write(dir.path().join("left-behind"), b"x").expect("file");
-        let chat = turnpike_core::ChatId::new("c").expect("chat id");
-        AttemptDir::new(dir, TurnId::for_message(&chat, "m"))
-    }
-
-    #[test]
-    fn an_attempt_dir_is_removed_on_drop_with_or_without_a_runtime() {
-        let outside = attempt_dir();
-        let path = outside.path().to_path_buf();
-        drop(outside);
-        assert!(!path.exists(), "removed at once without a runtime");
-
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_time()
-            .build()
-            .expect("runtime");
-        let inside = attempt_dir();
-        let path = inside.path().to_path_buf();
-        rt.block_on(async move {
-            drop(inside);
-            // Handed to the blocking pool: gone soon after, not necessarily at once.
-            for _ in 0..500 {
-                if !path.exists() {
-                    return;
-                }
-                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-            }
-            panic!("{} still exists 5 s after the drop", path.display());
-        });
     }
 }

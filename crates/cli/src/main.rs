@@ -59,6 +59,11 @@ enum Command {
     Coordinator,
     /// Run a runner node (attempts in fresh containers or processes).
     Runner,
+    /// Run the operator dashboard (web pages on `dashboard_listen`), or make a password hash.
+    Dashboard {
+        #[command(subcommand)]
+        cmd: Option<DashboardCmd>,
+    },
     /// Send a chat message and follow its turn live; exits non-zero unless it was answered.
     Send {
         #[arg(long)]
@@ -99,6 +104,12 @@ enum Command {
     /// The built-in test agent (reads an input document on stdin); used by the process backend.
     #[command(hide = true)]
     TestAgent,
+}
+
+#[derive(Subcommand)]
+enum DashboardCmd {
+    /// Read a password on stdin and print its hash for a `dashboard_users_file` line.
+    HashPassword,
 }
 
 fn init_logs(config: &Config) {
@@ -300,6 +311,33 @@ async fn run(command: Command, config: Config, json: bool) -> Result<std::proces
         Command::Status => {
             let bus = Bus::connect(&config, "turnpike-cli").await?;
             operator::status_cmd(&bus, json).await
+        }
+        Command::Dashboard {
+            cmd: Some(DashboardCmd::HashPassword),
+        } => {
+            let mut line = String::new();
+            std::io::stdin()
+                .read_line(&mut line)
+                .context("read the password on stdin")?;
+            let password = line.trim_end_matches(['\n', '\r']);
+            if password.is_empty() {
+                anyhow::bail!("empty password");
+            }
+            println!("{}", turnpike_dashboard::hash_password(password)?);
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Dashboard { cmd: None } => {
+            init_logs(&config);
+            let access = turnpike_dashboard::Access::from_config(&config)?;
+            let shutdown = shutdown_on_signal();
+            let listener = turnpike_dashboard::Dashboard::bind(&config.dashboard_listen).await?;
+            let Some(bus) = role_bus(&config, "turnpike-dashboard", &shutdown).await? else {
+                return Ok(ExitCode::SUCCESS);
+            };
+            turnpike_dashboard::Dashboard::new(bus, config, access)?
+                .serve(listener, shutdown)
+                .await?;
+            Ok(ExitCode::SUCCESS)
         }
         Command::Watch { chat, limit } => {
             let bus = Bus::connect(&config, "turnpike-cli").await?;

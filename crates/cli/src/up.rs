@@ -80,6 +80,22 @@ pub async fn run(mut config: Config, demo: bool) -> Result<ExitCode> {
         roles.spawn(async move { runner.run(token).await.map_err(anyhow::Error::from) });
     }
 
+    // The dashboard, except in the demo (which exits when its script ends).
+    let mut dashboard_login = None;
+    if !demo {
+        let (access, login) = dashboard_access(&config)?;
+        dashboard_login = login;
+        let listener = turnpike_dashboard::Dashboard::bind(&config.dashboard_listen).await?;
+        let dashboard = turnpike_dashboard::Dashboard::new(bus.clone(), config.clone(), access)?;
+        let token = shutdown.clone();
+        roles.spawn(async move {
+            dashboard
+                .serve(listener, token)
+                .await
+                .map_err(anyhow::Error::from)
+        });
+    }
+
     let code = if demo {
         let ok = script(&bus, &config).await?;
         shutdown.cancel();
@@ -98,6 +114,13 @@ pub async fn run(mut config: Config, demo: bool) -> Result<ExitCode> {
             "Try: TURNPIKE_NATS_URL={} turnpike send --chat demo 'reply:hello'",
             nats.url
         );
+        match &dashboard_login {
+            Some(password) => println!(
+                "Dashboard: http://{} (operator `operator`, password {password}; valid until this process ends)",
+                config.dashboard_listen
+            ),
+            None => println!("Dashboard: http://{}", config.dashboard_listen),
+        }
         println!("Ctrl-C stops it.");
         tokio::select! {
             _ = shutdown.cancelled() => {}
@@ -194,4 +217,33 @@ async fn script(bus: &Bus, config: &Config) -> Result<bool> {
         }
     );
     Ok(all_ok)
+}
+
+/// The dashboard's operators: the users file if one is set; otherwise, on a loopback address
+/// only, one operator `operator` with a random password made for this run (there is no default
+/// password). Returns the access and that password, if one was made.
+fn dashboard_access(config: &Config) -> Result<(turnpike_dashboard::Access, Option<String>)> {
+    if config.dashboard_users_file.is_some() {
+        return Ok((turnpike_dashboard::Access::from_config(config)?, None));
+    }
+    let loopback = config
+        .dashboard_listen
+        .parse::<std::net::SocketAddr>()
+        .map(|a| a.ip().is_loopback())
+        .unwrap_or(false);
+    if !loopback {
+        anyhow::bail!(
+            "dashboard_listen = {} is not a loopback address: set dashboard_users_file (operators) to serve it there",
+            config.dashboard_listen
+        );
+    }
+    let password = turnpike_dashboard::auth::hex(&turnpike_dashboard::auth::random::<9>()?);
+    let users = turnpike_dashboard::Users::default()
+        .with("operator", turnpike_dashboard::hash_password(&password)?);
+    let access = turnpike_dashboard::Access {
+        users,
+        key: turnpike_dashboard::SessionKey::random()?,
+        session_ttl: config.dashboard_session_ttl,
+    };
+    Ok((access, Some(password)))
 }

@@ -158,6 +158,22 @@ pub struct Config {
     #[serde(with = "units::duration")]
     pub dedup_window: Duration,
 
+    // --- Dashboard -----------------------------------------------------------------------------
+    /// Where `turnpike dashboard` listens (`turnpike up` starts it here too).
+    pub dashboard_listen: String,
+    /// Operators who may log in: one `name:hash` per line (`turnpike dashboard hash-password`
+    /// prints a hash). Required: the dashboard does not start without operators.
+    pub dashboard_users_file: Option<PathBuf>,
+    /// A secret (32 bytes or more) that signs sessions; dashboards sharing it accept each other's
+    /// sessions. Default: a random key per process (a restart logs everyone out).
+    pub dashboard_session_key_file: Option<PathBuf>,
+    /// How long a login lasts.
+    #[serde(with = "units::duration")]
+    pub dashboard_session_ttl: Duration,
+    /// Mark the session cookie `Secure` (set it when the dashboard is reached over HTTPS, e.g.
+    /// behind a TLS-terminating proxy).
+    pub dashboard_secure_cookie: bool,
+
     // --- Local pipeline (`turnpike up`) -------------------------------------------------------
     /// Where `turnpike up` keeps nats-server's store (default: the user's state dir).
     pub state_dir: Option<PathBuf>,
@@ -212,6 +228,11 @@ impl Default for Config {
             retention_attachments: Duration::from_secs(7 * 24 * 3600),
             retention_dead_letters: Duration::from_secs(30 * 24 * 3600),
             dedup_window: Duration::from_secs(120),
+            dashboard_listen: "127.0.0.1:8080".into(),
+            dashboard_users_file: None,
+            dashboard_session_key_file: None,
+            dashboard_session_ttl: Duration::from_secs(12 * 3600),
+            dashboard_secure_cookie: false,
             state_dir: None,
             log: "info".into(),
         }

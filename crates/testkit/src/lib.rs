@@ -43,7 +43,8 @@ fn binary() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from("nats-server"))
 }
 
-fn free_port() -> u16 {
+/// A loopback port nobody listens on now.
+pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map(|a| a.port())

@@ -1,0 +1,121 @@
+//! `/metrics` of the dashboard, in the Prometheus text format: the cluster as JetStream shows it
+//! (live turns by state, work queue depth, runner slots, errored chats), read when scraped.
+//!
+//! Counters of what happened (turns ended, retries, deaths) belong to the coordinators that did
+//! it: each exports its own on `metrics_listen`, and Prometheus adds them up
+//! (`sum by (state) (turnpike_turns_ended_total)`). The dashboard does not re-export them, so a
+//! scrape of both never counts an event twice.
+
+use prometheus_client::encoding::text::encode;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+
+use crate::web::{overview_data, State};
+use crate::DashboardError;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StateLabel {
+    pub state: String,
+}
+
+pub struct ClusterMetrics {
+    registry: Registry,
+    live: Family<StateLabel, Gauge>,
+    queue: Gauge,
+    runners: Gauge,
+    slots: Gauge,
+    slots_in_use: Gauge,
+    errored: Gauge,
+    coordinators: Gauge,
+}
+
+impl Default for ClusterMetrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl ClusterMetrics {
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("turnpike");
+        let live = Family::<StateLabel, Gauge>::default();
+        let (queue, runners, slots, slots_in_use, errored, coordinators) = (
+            Gauge::default(),
+            Gauge::default(),
+            Gauge::default(),
+            Gauge::default(),
+            Gauge::default(),
+            Gauge::default(),
+        );
+        registry.register("live_turns", "Turns not yet ended, by state", live.clone());
+        registry.register(
+            "work_queue_depth",
+            "Attempts waiting for a runner",
+            queue.clone(),
+        );
+        registry.register("runners", "Runners with a presence record", runners.clone());
+        registry.register(
+            "runner_slots",
+            "Attempt slots of all runners",
+            slots.clone(),
+        );
+        registry.register(
+            "runner_slots_in_use",
+            "Attempt slots in use",
+            slots_in_use.clone(),
+        );
+        registry.register(
+            "errored_chats",
+            "Chats flagged errored for operators",
+            errored.clone(),
+        );
+        registry.register(
+            "coordinators",
+            "Coordinators answering the ops service",
+            coordinators.clone(),
+        );
+        ClusterMetrics {
+            registry,
+            live,
+            queue,
+            runners,
+            slots,
+            slots_in_use,
+            errored,
+            coordinators,
+        }
+    }
+
+    pub async fn render(&self, state: &State) -> Result<String, DashboardError> {
+        let o = overview_data(state).await?;
+        self.live.clear();
+        for s in ["waiting", "queued", "running", "pending_retry"] {
+            self.live
+                .get_or_create(&StateLabel {
+                    state: s.to_owned(),
+                })
+                .set(0);
+        }
+        for (s, n) in &o.live {
+            self.live
+                .get_or_create(&StateLabel {
+                    state: s.as_str().to_owned(),
+                })
+                .set(*n as i64);
+        }
+        self.queue.set(o.queue_depth as i64);
+        self.runners.set(o.runners as i64);
+        self.slots.set(i64::from(o.slots));
+        self.slots_in_use.set(i64::from(o.slots_in_use));
+        self.errored.set(o.errored_chats as i64);
+        self.coordinators.set(o.coordinators as i64);
+        let mut out = String::new();
+        encode(&mut out, &self.registry).map_err(|e| DashboardError::Read {
+            what: "metrics".into(),
+            why: e.to_string(),
+        })?;
+        Ok(out)
+    }
+}

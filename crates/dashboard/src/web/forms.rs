@@ -1,0 +1,290 @@
+//! Every POST: the login, the logout and the actions, each checked (session, origin, CSRF).
+
+use super::{session, urlencode, Shared, State};
+use crate::auth::Session;
+use crate::auth::SESSION_COOKIE;
+use crate::pages::{self};
+use axum::extract::{ConnectInfo, Form, Path, Query, State as AxState};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::response::{Html, IntoResponse, Redirect, Response};
+use serde::Deserialize;
+use std::net::SocketAddr;
+use std::time::Duration;
+use turnpike_core::wire::OpsReply;
+use turnpike_core::{subjects, ChatId, TurnId, FORMAT_VERSION};
+use turnpike_jetstream::now;
+
+#[derive(Deserialize)]
+pub(super) struct ActionForm {
+    #[serde(default)]
+    csrf: String,
+}
+
+/// The request came from one of our own pages: its `Origin` (or, without one, `Referer`) names
+/// this host.
+fn same_origin(headers: &HeaderMap) -> bool {
+    let Some(host) = headers.get(header::HOST).and_then(|h| h.to_str().ok()) else {
+        return false;
+    };
+    let source = headers
+        .get(header::ORIGIN)
+        .or_else(|| headers.get(header::REFERER))
+        .and_then(|h| h.to_str().ok());
+    let Some(source) = source else { return false };
+    let Some((scheme, rest)) = source.split_once("://") else {
+        return false;
+    };
+    let authority = rest.split('/').next().unwrap_or("");
+    matches!(scheme, "http" | "https") && authority == host
+}
+
+/// Checks of every POST but the login: session, origin, CSRF token. `Err` is the refusal.
+fn check_post(
+    state: &State,
+    headers: &HeaderMap,
+    form: &ActionForm,
+) -> Result<Session, (StatusCode, &'static str)> {
+    let Some(s) = session(state, headers) else {
+        return Err((StatusCode::UNAUTHORIZED, "log in first"));
+    };
+    if !same_origin(headers) {
+        tracing::warn!(user = %s.user, "dashboard refused a POST from another origin");
+        return Err((
+            StatusCode::FORBIDDEN,
+            "refused: the request did not come from this dashboard",
+        ));
+    }
+    if !state.access.key.csrf_ok(&s, &form.csrf) {
+        tracing::warn!(user = %s.user, "dashboard refused a POST without a valid CSRF token");
+        return Err((
+            StatusCode::FORBIDDEN,
+            "refused: missing or wrong CSRF token",
+        ));
+    }
+    Ok(s)
+}
+
+/// An action through the coordinators' ops service, as the operator; back to `back` with the
+/// coordinator's answer.
+pub(super) async fn ops(
+    state: &State,
+    subject: &str,
+    by: &str,
+    turn: Option<TurnId>,
+    chat: Option<ChatId>,
+    back: &str,
+) -> Response {
+    let req = turnpike_core::wire::OpsRequest {
+        v: FORMAT_VERSION,
+        by: by.to_owned(),
+        turn,
+        chat,
+    };
+    let body = match serde_json::to_vec(&req) {
+        Ok(b) => b,
+        Err(e) => return (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
+    };
+    let answer = tokio::time::timeout(
+        Duration::from_secs(15),
+        state.bus.client.request(subject.to_owned(), body.into()),
+    )
+    .await;
+    let (ok, msg) = match answer {
+        Ok(Ok(m)) => match serde_json::from_slice::<OpsReply>(&m.payload) {
+            Ok(r) => (r.ok, r.message),
+            Err(e) => (
+                false,
+                format!("the coordinator's answer is not an ops reply: {e}"),
+            ),
+        },
+        Ok(Err(e)) => (false, format!("no coordinator answered: {e}")),
+        Err(_) => (false, "no coordinator answered within 15 s".to_owned()),
+    };
+    tracing::info!(by, subject, ok, answer = %msg, "dashboard action");
+    let sep = if back.contains('?') { '&' } else { '?' };
+    Redirect::to(&format!("{back}{sep}ok={ok}&msg={}", urlencode(&msg))).into_response()
+}
+
+fn back_to(headers: &HeaderMap, fallback: &str) -> String {
+    // Back to the page the button was on (same origin, path only), else `fallback`.
+    headers
+        .get(header::REFERER)
+        .and_then(|r| r.to_str().ok())
+        .and_then(|r| r.split_once("://").map(|(_, rest)| rest))
+        .and_then(|rest| rest.find('/').map(|i| &rest[i..]))
+        .map(|p| p.split('?').next().unwrap_or(p).to_owned())
+        .filter(|p| p.starts_with('/') && !p.starts_with("//"))
+        .unwrap_or_else(|| fallback.to_owned())
+}
+
+pub(super) async fn kill(
+    AxState(state): AxState<Shared>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    Form(form): Form<ActionForm>,
+) -> Response {
+    let s = match check_post(&state, &headers, &form) {
+        Ok(s) => s,
+        Err(r) => return r.into_response(),
+    };
+    let Ok(turn) = TurnId::new(id.as_str()) else {
+        return StatusCode::NOT_FOUND.into_response();
+    };
+    let back = back_to(&headers, &format!("/turns/{turn}"));
+    ops(&state, subjects::OPS_KILL, &s.user, Some(turn), None, &back).await
+}
+
+pub(super) async fn rerun(
+    AxState(state): AxState<Shared>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    Form(form): Form<ActionForm>,
+) -> Response {
+    let s = match check_post(&state, &headers, &form) {
+        Ok(s) => s,
+        Err(r) => return r.into_response(),
+    };
+    let Ok(turn) = TurnId::new(id.as_str()) else {
+        return StatusCode::NOT_FOUND.into_response();
+    };
+    let back = back_to(&headers, &format!("/turns/{turn}"));
+    ops(
+        &state,
+        subjects::OPS_RERUN,
+        &s.user,
+        Some(turn),
+        None,
+        &back,
+    )
+    .await
+}
+
+pub(super) async fn clear(
+    AxState(state): AxState<Shared>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    Form(form): Form<ActionForm>,
+) -> Response {
+    let s = match check_post(&state, &headers, &form) {
+        Ok(s) => s,
+        Err(r) => return r.into_response(),
+    };
+    let Ok(chat) = ChatId::new(id.as_str()) else {
+        return StatusCode::NOT_FOUND.into_response();
+    };
+    let back = back_to(&headers, "/errored");
+    ops(
+        &state,
+        subjects::OPS_CLEAR,
+        &s.user,
+        None,
+        Some(chat),
+        &back,
+    )
+    .await
+}
+
+#[derive(Deserialize)]
+pub(super) struct NextQuery {
+    #[serde(default)]
+    next: Option<String>,
+}
+
+fn safe_next(next: Option<&str>) -> String {
+    next.filter(|n| n.starts_with('/') && !n.starts_with("//") && !n.contains('\\'))
+        .unwrap_or("/")
+        .to_owned()
+}
+
+pub(super) async fn login_page(Query(q): Query<NextQuery>) -> Response {
+    Html(pages::login(None, &safe_next(q.next.as_deref())).into_string()).into_response()
+}
+
+#[derive(Deserialize)]
+pub(super) struct LoginForm {
+    user: String,
+    password: String,
+    #[serde(default)]
+    next: Option<String>,
+}
+
+pub(super) async fn login(
+    AxState(state): AxState<Shared>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    headers: HeaderMap,
+    Form(form): Form<LoginForm>,
+) -> Response {
+    let next = safe_next(form.next.as_deref());
+    // A login form posted from another site could log a victim in as the attacker.
+    if !same_origin(&headers) {
+        return (
+            StatusCode::FORBIDDEN,
+            "refused: the request did not come from this dashboard",
+        )
+            .into_response();
+    }
+    let t = now().millis();
+    if !state.limiter.allowed(peer.ip(), t) {
+        tracing::warn!(ip = %peer.ip(), "dashboard login rate-limited");
+        return (
+            StatusCode::TOO_MANY_REQUESTS,
+            Html(pages::login(Some("Too many failed logins; wait a minute."), &next).into_string()),
+        )
+            .into_response();
+    }
+    // The hash check takes tens of milliseconds of CPU: off the async workers.
+    let users = state.access.users.clone();
+    let (user, password) = (form.user.clone(), form.password);
+    let ok = tokio::task::spawn_blocking(move || users.verify(&user, &password))
+        .await
+        .unwrap_or(false);
+    if !ok {
+        state.limiter.failed(peer.ip(), t);
+        tracing::warn!(ip = %peer.ip(), user = %form.user, "dashboard login failed");
+        return (
+            StatusCode::UNAUTHORIZED,
+            Html(pages::login(Some("Wrong operator name or password."), &next).into_string()),
+        )
+            .into_response();
+    }
+    state.limiter.succeeded(peer.ip());
+    let cookie = match state
+        .access
+        .key
+        .issue(&form.user, t, state.access.session_ttl)
+    {
+        Ok(c) => c,
+        Err(e) => return (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
+    };
+    tracing::info!(user = %form.user, "dashboard login");
+    let secure = if state.config.dashboard_secure_cookie {
+        "; Secure"
+    } else {
+        ""
+    };
+    let set = format!(
+        "{SESSION_COOKIE}={cookie}; Path=/; HttpOnly; SameSite=Strict; Max-Age={}{secure}",
+        state.access.session_ttl.as_secs()
+    );
+    let mut res = Redirect::to(&next).into_response();
+    if let Ok(v) = HeaderValue::from_str(&set) {
+        res.headers_mut().insert(header::SET_COOKIE, v);
+    }
+    res
+}
+
+pub(super) async fn logout(
+    AxState(state): AxState<Shared>,
+    headers: HeaderMap,
+    Form(form): Form<ActionForm>,
+) -> Response {
+    if let Err(r) = check_post(&state, &headers, &form) {
+        return r.into_response();
+    }
+    let mut res = Redirect::to("/login").into_response();
+    res.headers_mut().insert(
+        header::SET_COOKIE,
+        HeaderValue::from_static("turnpike_session=; Path=/; HttpOnly; SameSite=Strict; Max-Age=0"),
+    );
+    res
+}

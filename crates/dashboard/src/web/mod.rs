@@ -1,0 +1,274 @@
+//! HTTP: routes, the login, the checks every request passes (session; on POST also origin and
+//! CSRF token), security headers, and the actions as ops requests.
+
+use axum::extract::{Request, State as AxState};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{Html, IntoResponse, Redirect, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use futures::StreamExt;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+use tokio::sync::broadcast;
+use tokio_util::sync::CancellationToken;
+use turnpike_config::Config;
+use turnpike_jetstream::{now, Bus};
+
+use crate::auth::{LoginLimiter, Session, SESSION_COOKIE};
+use crate::changes::Change;
+use crate::pages::{self, Ctx, Filter, Page, Paged};
+use crate::Access;
+
+/// Rows per list page.
+pub const PAGE_SIZE: usize = 50;
+
+pub struct State {
+    pub bus: Bus,
+    pub config: Config,
+    access: Access,
+    limiter: LoginLimiter,
+    changes: OnceLock<broadcast::Sender<Change>>,
+    shutdown: OnceLock<CancellationToken>,
+    pub metrics: crate::metrics::ClusterMetrics,
+}
+
+impl State {
+    pub fn new(bus: Bus, config: Config, access: Access) -> Self {
+        State {
+            bus,
+            config,
+            access,
+            limiter: LoginLimiter::default(),
+            changes: OnceLock::new(),
+            shutdown: OnceLock::new(),
+            metrics: crate::metrics::ClusterMetrics::new(),
+        }
+    }
+
+    pub fn set_changes(&self, tx: broadcast::Sender<Change>, shutdown: CancellationToken) {
+        let _ = self.changes.set(tx);
+        let _ = self.shutdown.set(shutdown);
+    }
+}
+
+pub(super) type Shared = Arc<State>;
+
+use forms::{clear, kill, login, login_page, logout, rerun};
+pub(crate) use views::overview_data;
+use views::{chat, errored, live, overview, runners, turn};
+
+pub fn router(state: Shared) -> Router {
+    Router::new()
+        .route("/", get(overview))
+        .route("/errored", get(errored))
+        .route("/live", get(live))
+        .route("/runners", get(runners))
+        .route("/turns/{id}", get(turn))
+        .route("/chats/{id}", get(chat))
+        .route("/turns/{id}/kill", post(kill))
+        .route("/turns/{id}/rerun", post(rerun))
+        .route("/chats/{id}/clear", post(clear))
+        .route("/events", get(events))
+        .route("/login", get(login_page).post(login))
+        .route("/logout", post(logout))
+        .route("/metrics", get(metrics))
+        .route("/healthz", get(|| async { "ok" }))
+        .route(
+            "/assets/app.js",
+            get(|| async {
+                (
+                    [(header::CONTENT_TYPE, "text/javascript; charset=utf-8")],
+                    pages::APP_JS,
+                )
+            }),
+        )
+        .route(
+            "/assets/style.css",
+            get(|| async {
+                (
+                    [(header::CONTENT_TYPE, "text/css; charset=utf-8")],
+                    pages::STYLE_CSS,
+                )
+            }),
+        )
+        .layer(middleware::from_fn(security_headers))
+        .with_state(state)
+}
+
+const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'";
+
+async fn security_headers(req: Request, next: Next) -> Response {
+    let mut res = next.run(req).await;
+    let h = res.headers_mut();
+    h.insert(
+        header::CONTENT_SECURITY_POLICY,
+        HeaderValue::from_static(CSP),
+    );
+    h.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
+    h.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
+    h.insert(
+        header::REFERRER_POLICY,
+        HeaderValue::from_static("same-origin"),
+    );
+    h.entry(header::CACHE_CONTROL)
+        .or_insert(HeaderValue::from_static("no-store"));
+    res
+}
+
+pub(super) fn cookie<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
+    headers
+        .get_all(header::COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .filter_map(|kv| kv.trim().split_once('='))
+        .find(|(k, _)| *k == name)
+        .map(|(_, v)| v)
+}
+
+pub(super) fn session(state: &State, headers: &HeaderMap) -> Option<Session> {
+    state
+        .access
+        .key
+        .verify(cookie(headers, SESSION_COOKIE)?, now().millis())
+}
+
+pub(super) fn is_fragment(headers: &HeaderMap) -> bool {
+    headers.contains_key("x-turnpike-fragment")
+}
+
+/// Not logged in: pages go to the login (and come back), fragments and the event stream get 401.
+pub(super) fn to_login(headers: &HeaderMap, path: &str) -> Response {
+    if is_fragment(headers) || path == "/events" {
+        return StatusCode::UNAUTHORIZED.into_response();
+    }
+    let next = if path.starts_with('/') && !path.starts_with("//") {
+        path
+    } else {
+        "/"
+    };
+    Redirect::to(&format!("/login?next={}", urlencode(next))).into_response()
+}
+
+pub(super) fn urlencode(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' | b'/' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+/// A page, whole or (for the live re-draw) only its main part.
+pub(super) fn render(state: &State, s: &Session, headers: &HeaderMap, page: Page) -> Response {
+    let csrf = state.access.key.csrf(s);
+    let ctx = Ctx {
+        user: &s.user,
+        csrf: &csrf,
+        now: now(),
+    };
+    if is_fragment(headers) {
+        Html(page.body.into_string()).into_response()
+    } else {
+        Html(pages::layout(&ctx, &page).into_string()).into_response()
+    }
+}
+
+pub(super) fn failed(e: crate::DashboardError) -> Response {
+    tracing::warn!(error = %e, "dashboard read failed");
+    (
+        StatusCode::SERVICE_UNAVAILABLE,
+        format!("Turnpike cannot read NATS right now: {e}"),
+    )
+        .into_response()
+}
+
+macro_rules! logged_in {
+    ($state:expr, $headers:expr, $path:expr) => {
+        match session(&$state, &$headers) {
+            Some(s) => s,
+            None => return to_login(&$headers, $path),
+        }
+    };
+}
+
+mod forms;
+mod views;
+
+pub(super) fn page_of<T>(items: Vec<T>, page: Option<usize>) -> Paged<T> {
+    let total = items.len();
+    let pages = total.div_ceil(PAGE_SIZE).max(1);
+    let page = page.unwrap_or(1).clamp(1, pages);
+    let items = items
+        .into_iter()
+        .skip((page - 1) * PAGE_SIZE)
+        .take(PAGE_SIZE)
+        .collect();
+    Paged {
+        items,
+        page,
+        pages,
+        total,
+    }
+}
+
+pub(super) fn flash(f: &Filter) -> maud::Markup {
+    pages::flash(f.msg.as_deref(), f.ok.unwrap_or(false))
+}
+
+async fn events(AxState(state): AxState<Shared>, headers: HeaderMap) -> Response {
+    let _s = logged_in!(state, headers, "/events");
+    let (Some(tx), Some(shutdown)) = (state.changes.get(), state.shutdown.get()) else {
+        return StatusCode::SERVICE_UNAVAILABLE.into_response();
+    };
+    let rx = tokio_stream_from(tx.subscribe());
+    let hello = futures::stream::once(async {
+        Ok::<_, std::convert::Infallible>(Event::default().event(crate::changes::HELLO).data(""))
+    });
+    let changes = rx.map(|c| Ok(Event::default().event(c.bucket).data(c.key)));
+    let shutdown = shutdown.clone();
+    let stream = hello
+        .chain(changes)
+        .take_until(async move { shutdown.cancelled().await });
+    Sse::new(stream)
+        .keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))
+        .into_response()
+}
+
+/// A broadcast receiver as a stream; a receiver that fell behind says "hello" (re-draw).
+fn tokio_stream_from(rx: broadcast::Receiver<Change>) -> impl futures::Stream<Item = Change> {
+    futures::stream::unfold(rx, |mut rx| async move {
+        match rx.recv().await {
+            Ok(c) => Some((c, rx)),
+            Err(broadcast::error::RecvError::Lagged(_)) => Some((
+                Change {
+                    bucket: crate::changes::HELLO,
+                    key: String::new(),
+                },
+                rx,
+            )),
+            Err(broadcast::error::RecvError::Closed) => None,
+        }
+    })
+}
+
+async fn metrics(AxState(state): AxState<Shared>) -> Response {
+    match state.metrics.render(&state).await {
+        Ok(text) => (
+            [(
+                header::CONTENT_TYPE,
+                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            )],
+            text,
+        )
+            .into_response(),
+        Err(e) => failed(e),
+    }
+}

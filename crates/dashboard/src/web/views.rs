@@ -1,0 +1,245 @@
+//! The pages: each reads what it shows, bounded, and renders it.
+
+use super::{failed, flash, page_of, render, session, to_login, urlencode, Shared, State};
+use crate::pages::{self, Ctx, Filter};
+use crate::read;
+use axum::extract::{Path, Query, State as AxState};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use std::collections::BTreeMap;
+use std::time::Duration;
+use turnpike_core::lifecycle::TurnState;
+use turnpike_core::{ChatId, TurnId};
+use turnpike_jetstream::now;
+
+pub(super) async fn overview(AxState(state): AxState<Shared>, headers: HeaderMap) -> Response {
+    let s = logged_in!(state, headers, "/");
+    match overview_data(&state).await {
+        Ok(o) => render(&state, &s, &headers, pages::overview(&o)),
+        Err(e) => failed(e),
+    }
+}
+
+pub(crate) async fn overview_data(state: &State) -> Result<pages::Overview, crate::DashboardError> {
+    let bus = &state.bus;
+    let (counters, coordinators) =
+        read::coordinator_counters(bus, Duration::from_millis(50)).await?;
+    let ids = read::live_ids(bus).await?;
+    let records = read::turns(bus, &ids).await?;
+    let mut by_state: BTreeMap<&'static str, (TurnState, u64)> = BTreeMap::new();
+    for r in &records {
+        by_state.entry(r.state.as_str()).or_insert((r.state, 0)).1 += 1;
+    }
+    let runners = read::runners(bus).await?;
+    let errored = read::chats(bus)
+        .await?
+        .iter()
+        .filter(|c| c.errored.is_some())
+        .count();
+    Ok(pages::Overview {
+        counters,
+        coordinators,
+        live: by_state.into_values().collect(),
+        queue_depth: read::queue_depth(bus).await?,
+        runners: runners.len(),
+        slots: runners.iter().map(|r| r.slots).sum(),
+        slots_in_use: runners.iter().map(|r| r.slots_in_use).sum(),
+        errored_chats: errored,
+    })
+}
+
+fn within(f: &Filter, t: turnpike_core::Timestamp) -> bool {
+    f.within_min
+        .is_none_or(|m| now().millis().saturating_sub(t.millis()) <= m * 60_000)
+}
+
+fn query_base(path: &str, f: &Filter) -> String {
+    let mut q = Vec::new();
+    if let Some(c) = f.chat.as_deref().filter(|c| !c.is_empty()) {
+        q.push(format!("chat={}", urlencode(c)));
+    }
+    if let Some(s) = f.state.as_deref().filter(|s| !s.is_empty()) {
+        q.push(format!("state={}", urlencode(s)));
+    }
+    if let Some(m) = f.within_min {
+        q.push(format!("within_min={m}"));
+    }
+    if q.is_empty() {
+        path.to_owned()
+    } else {
+        format!("{path}?{}", q.join("&"))
+    }
+}
+
+pub(super) async fn errored(
+    AxState(state): AxState<Shared>,
+    headers: HeaderMap,
+    Query(f): Query<Filter>,
+) -> Response {
+    let s = logged_in!(state, headers, "/errored");
+    let chats = match read::chats(&state.bus).await {
+        Ok(c) => c,
+        Err(e) => return failed(e),
+    };
+    let mut flagged: Vec<_> = chats
+        .into_iter()
+        .filter(|c| c.errored.as_ref().is_some_and(|e| within(&f, e.at)))
+        .filter(|c| {
+            f.chat
+                .as_deref()
+                .is_none_or(|x| x.is_empty() || c.chat.as_str() == x)
+        })
+        .collect();
+    flagged.sort_by_key(|c| std::cmp::Reverse(c.errored.as_ref().map(|e| e.at)));
+    let csrf = state.access.key.csrf(&s);
+    let ctx = Ctx {
+        user: &s.user,
+        csrf: &csrf,
+        now: now(),
+    };
+    let page = pages::errored(
+        &ctx,
+        &page_of(flagged, f.page),
+        &query_base("/errored", &f),
+        flash(&f),
+    );
+    render(&state, &s, &headers, page)
+}
+
+pub(super) async fn live(
+    AxState(state): AxState<Shared>,
+    headers: HeaderMap,
+    Query(f): Query<Filter>,
+) -> Response {
+    let s = logged_in!(state, headers, "/live");
+    let bus = &state.bus;
+    // A chat filter reads only that chat's live and waiting turns.
+    let ids = match f.chat.as_deref().filter(|c| !c.is_empty()) {
+        Some(c) => match ChatId::new(c) {
+            Ok(chat) => match read::chat(bus, &chat).await {
+                Ok(Some(rec)) => rec.live.into_iter().chain(rec.waiting).collect(),
+                Ok(None) => Vec::new(),
+                Err(e) => return failed(e),
+            },
+            Err(_) => Vec::new(),
+        },
+        None => match read::live_ids(bus).await {
+            Ok(ids) => ids,
+            Err(e) => return failed(e),
+        },
+    };
+    let mut records = match read::turns(bus, &ids).await {
+        Ok(r) => r,
+        Err(e) => return failed(e),
+    };
+    records.retain(|r| !r.state.is_terminal());
+    records.retain(|r| {
+        f.state
+            .as_deref()
+            .is_none_or(|st| st.is_empty() || r.state.as_str() == st)
+    });
+    records.retain(|r| within(&f, r.created_at));
+    records.sort_by_key(|r| std::cmp::Reverse(r.created_at));
+    let csrf = state.access.key.csrf(&s);
+    let ctx = Ctx {
+        user: &s.user,
+        csrf: &csrf,
+        now: now(),
+    };
+    let page = pages::live(
+        &ctx,
+        &page_of(records, f.page),
+        &query_base("/live", &f),
+        &f,
+        flash(&f),
+    );
+    render(&state, &s, &headers, page)
+}
+
+pub(super) async fn runners(AxState(state): AxState<Shared>, headers: HeaderMap) -> Response {
+    let s = logged_in!(state, headers, "/runners");
+    let mut list = match read::runners(&state.bus).await {
+        Ok(r) => r,
+        Err(e) => return failed(e),
+    };
+    list.sort_by(|a, b| a.runner.as_str().cmp(b.runner.as_str()));
+    let csrf = state.access.key.csrf(&s);
+    let ctx = Ctx {
+        user: &s.user,
+        csrf: &csrf,
+        now: now(),
+    };
+    let stale = 3 * state.config.heartbeat.as_millis() as u64;
+    render(&state, &s, &headers, pages::runners(&ctx, &list, stale))
+}
+
+pub(super) async fn turn(
+    AxState(state): AxState<Shared>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    Query(f): Query<Filter>,
+) -> Response {
+    let s = logged_in!(state, headers, &format!("/turns/{id}"));
+    let Ok(turn) = TurnId::new(id.as_str()) else {
+        return (
+            StatusCode::NOT_FOUND,
+            render(&state, &s, &headers, pages::not_found("No such turn.")),
+        )
+            .into_response();
+    };
+    let record = match read::turn(&state.bus, &turn).await {
+        Ok(Some(r)) => r,
+        Ok(None) => {
+            return (
+                StatusCode::NOT_FOUND,
+                render(&state, &s, &headers, pages::not_found("No such turn.")),
+            )
+                .into_response()
+        }
+        Err(e) => return failed(e),
+    };
+    let reruns = match read::reruns(&state.bus, &turn, 20).await {
+        Ok(r) => r,
+        Err(e) => return failed(e),
+    };
+    let csrf = state.access.key.csrf(&s);
+    let ctx = Ctx {
+        user: &s.user,
+        csrf: &csrf,
+        now: now(),
+    };
+    let page = pages::turn(&ctx, &record, &reruns, flash(&f));
+    render(&state, &s, &headers, page)
+}
+
+pub(super) async fn chat(
+    AxState(state): AxState<Shared>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    Query(f): Query<Filter>,
+) -> Response {
+    let s = logged_in!(state, headers, &format!("/chats/{id}"));
+    let Ok(chat_id) = ChatId::new(id.as_str()) else {
+        return (
+            StatusCode::NOT_FOUND,
+            render(&state, &s, &headers, pages::not_found("No such chat.")),
+        )
+            .into_response();
+    };
+    let bus = &state.bus;
+    let (record, recent) = match tokio::try_join!(read::chat(bus, &chat_id), async {
+        let ids = read::recent_turn_ids(bus, &chat_id, 20).await?;
+        read::turns(bus, &ids).await
+    }) {
+        Ok(x) => x,
+        Err(e) => return failed(e),
+    };
+    let csrf = state.access.key.csrf(&s);
+    let ctx = Ctx {
+        user: &s.user,
+        csrf: &csrf,
+        now: now(),
+    };
+    let page = pages::chat(&ctx, chat_id.as_str(), record.as_ref(), &recent, flash(&f));
+    render(&state, &s, &headers, page)
+}

@@ -25,6 +25,16 @@ echo "using $("$nats" --version) at $nats"
 # A client that is not Turnpike's, to show the stored data is readable. (-I: the repo's own nats/ folder would pass for the module).
 python3 -I -c "import nats.aio.client" 2>/dev/null || python3 -m pip install --quiet --disable-pip-version-check "nats-py==2.16.0"
 
+# The dashboard's browser tests drive Debian's Chromium through its chromedriver.
+if ! command -v chromedriver >/dev/null 2>&1 || ! command -v chromium >/dev/null 2>&1; then
+  echo "installing chromium and chromium-driver from Debian's packages (dashboard browser tests)"
+  sudo=""; [ "$(id -u)" = 0 ] || sudo="sudo"
+  export DEBIAN_FRONTEND=noninteractive
+  $sudo apt-get install -y -qq chromium chromium-driver >/dev/null ||
+    { $sudo apt-get update -qq && $sudo apt-get install -y -qq chromium chromium-driver >/dev/null; }
+fi
+echo "using $(chromedriver --version | cut -d' ' -f1-2)"
+
 # The Docker tests need the test agent image, the fault suite the turnpike and nats images (all
 # built locally, FROM scratch, no registry).
 bash deploy/build-images.sh

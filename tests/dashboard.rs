@@ -1,0 +1,381 @@
+//! The operator dashboard in a real browser: headless Chromium driven through chromedriver (both
+//! from Debian's packages; `tests/run.sh` installs them), against a real pipeline on a real
+//! nats-server. Screenshots are saved under `target/dashboard-*.png`.
+
+use fantoccini::{Client, ClientBuilder, Locator};
+use serde_json::json;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+use turnpike_core::{TurnId, TurnState};
+use turnpike_dashboard::{Access, Dashboard, SessionKey, Users};
+use turnpike_testkit::{eventually, free_port};
+use turnpike_tests::{init_logs, kill_turn, send, wait_ended, wait_state, Pipeline};
+
+const AGENT: &str = env!("CARGO_BIN_EXE_test-agent");
+const OPERATOR: &str = "ops";
+const PASSWORD: &str = "correct horse battery staple";
+/// Every wait is bounded; none of them is a claim about speed.
+const WAIT: Duration = Duration::from_secs(60);
+
+/// chromedriver on a free port, killed on drop.
+struct Driver(Child, u16);
+
+impl Driver {
+    async fn start() -> Driver {
+        let bin = ["chromedriver", "/usr/bin/chromedriver"]
+            .into_iter()
+            .find(|b| Command::new(b).arg("--version").output().is_ok())
+            .expect("chromedriver is not installed: `apt-get install chromium chromium-driver` (tests/run.sh does it)");
+        let port = free_port();
+        let child = Command::new(bin)
+            .arg(format!("--port={port}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start chromedriver");
+        eventually(
+            Duration::from_secs(30),
+            "chromedriver to listen",
+            || async move {
+                tokio::net::TcpStream::connect(("127.0.0.1", port))
+                    .await
+                    .ok()
+            },
+        )
+        .await;
+        Driver(child, port)
+    }
+
+    async fn browser(&self, width: u32, height: u32) -> Client {
+        let mut caps = serde_json::Map::new();
+        caps.insert(
+            "goog:chromeOptions".into(),
+            json!({"args": ["--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu", format!("--window-size={width},{height}")]}),
+        );
+        caps.insert("unhandledPromptBehavior".into(), json!("ignore"));
+        ClientBuilder::new(hyper_util::client::legacy::connect::HttpConnector::new())
+            .capabilities(caps)
+            .connect(&format!("http://127.0.0.1:{}", self.1))
+            .await
+            .expect("a Chromium session")
+    }
+}
+
+impl Drop for Driver {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+async fn start_dashboard(p: &Pipeline) -> (String, CancellationToken) {
+    let users = Users::default().with(
+        OPERATOR,
+        turnpike_dashboard::hash_password(PASSWORD).expect("hash"),
+    );
+    let access = Access {
+        users,
+        key: SessionKey::random().expect("key"),
+        session_ttl: Duration::from_secs(3600),
+    };
+    let listener = Dashboard::bind("127.0.0.1:0").await.expect("bind");
+    let url = format!("http://{}", listener.local_addr().expect("addr"));
+    let dashboard = Dashboard::new(p.bus.clone(), p.config.clone(), access).expect("dashboard");
+    let token = CancellationToken::new();
+    let t = token.clone();
+    tokio::spawn(async move { dashboard.serve(listener, t).await.expect("serve") });
+    (url, token)
+}
+
+async fn path(c: &Client) -> String {
+    c.current_url().await.expect("url").path().to_owned()
+}
+
+async fn text(c: &Client, css: &str) -> String {
+    c.find(Locator::Css(css))
+        .await
+        .expect(css)
+        .text()
+        .await
+        .expect("text")
+}
+
+/// Wait until `css` matches something on the page as it is now (no reload).
+async fn wait_for(c: &Client, css: &str) -> fantoccini::elements::Element {
+    let c = c.clone();
+    let css = css.to_owned();
+    eventually(WAIT, &format!("{css} on the page"), || {
+        let (c, css) = (c.clone(), css.clone());
+        async move { c.find(Locator::Css(&css)).await.ok() }
+    })
+    .await
+}
+
+async fn wait_gone(c: &Client, css: &str) {
+    let c = c.clone();
+    let css = css.to_owned();
+    eventually(WAIT, &format!("{css} to leave the page"), || {
+        let (c, css) = (c.clone(), css.clone());
+        async move {
+            c.find_all(Locator::Css(&css))
+                .await
+                .ok()
+                .filter(|v| v.is_empty())
+                .map(|_| ())
+        }
+    })
+    .await;
+}
+
+/// Marks the loaded document; `still_same_document` is true only if it was never reloaded.
+async fn mark_document(c: &Client) {
+    c.execute("window.__turnpike_mark = 42; return true;", vec![])
+        .await
+        .expect("mark");
+}
+async fn still_same_document(c: &Client) -> bool {
+    c.execute("return window.__turnpike_mark === 42;", vec![])
+        .await
+        .expect("check")
+        == json!(true)
+}
+
+async fn click_and_answer(c: &Client, css: &str, accept: bool) -> String {
+    c.find(Locator::Css(css))
+        .await
+        .expect(css)
+        .click()
+        .await
+        .expect("click");
+    let c2 = c.clone();
+    let question = eventually(WAIT, "the confirm dialog", || {
+        let c = c2.clone();
+        async move { c.get_alert_text().await.ok() }
+    })
+    .await;
+    if accept {
+        c.accept_alert().await.expect("accept");
+    } else {
+        c.dismiss_alert().await.expect("dismiss");
+    }
+    question
+}
+
+async fn screenshot(c: &Client, name: &str) {
+    let png = c.screenshot().await.expect("screenshot");
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target");
+    std::fs::create_dir_all(&dir).expect("target dir");
+    std::fs::write(dir.join(format!("dashboard-{name}.png")), png).expect("write screenshot");
+}
+
+async fn login(c: &Client, base: &str, password: &str) {
+    c.goto(&format!("{base}/login")).await.expect("login page");
+    c.find(Locator::Css("input[name=user]"))
+        .await
+        .expect("user")
+        .send_keys(OPERATOR)
+        .await
+        .expect("type");
+    c.find(Locator::Css("input[name=password]"))
+        .await
+        .expect("pw")
+        .send_keys(password)
+        .await
+        .expect("type");
+    c.find(Locator::Css("button[type=submit]"))
+        .await
+        .expect("submit")
+        .click()
+        .await
+        .expect("click");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_operator_works_the_dashboard_in_a_real_browser() {
+    init_logs();
+    // Two attempts per turn, the default 10 s retry delay: a pending retry lasts long enough
+    // to be seen, and a give-up comes after one retry.
+    let p = Pipeline::start(AGENT, |c| {
+        c.max_turn_retry = 2;
+        c.retry_delay = Duration::from_secs(10);
+    })
+    .await;
+    let (base, stop) = start_dashboard(&p).await;
+    let driver = Driver::start().await;
+    let c = driver.browser(1280, 900).await;
+
+    // No page without a login.
+    c.goto(&format!("{base}/errored")).await.expect("goto");
+    assert_eq!(
+        path(&c).await,
+        "/login",
+        "a page without login must go to the login"
+    );
+    login(&c, &base, "wrong").await;
+    assert!(
+        text(&c, "p.error").await.contains("Wrong"),
+        "a wrong password is refused"
+    );
+    login(&c, &base, PASSWORD).await;
+    wait_for(&c, "header .who").await;
+    assert_eq!(text(&c, "header .who").await, OPERATOR);
+
+    // A turn that gives up appears on the errored list without a reload.
+    c.goto(&format!("{base}/errored")).await.expect("goto");
+    wait_for(&c, "main p.empty").await;
+    mark_document(&c).await;
+    let doomed = send(&p.bus, "doomed", "m-doomed", "oom").await;
+    let row = "tr[data-chat=doomed]";
+    wait_for(&c, row).await;
+    assert!(
+        still_same_document(&c).await,
+        "the errored row must appear without a reload"
+    );
+    assert_eq!(
+        wait_state(&p.bus, &doomed, TurnState::GaveUp).await.state,
+        TurnState::GaveUp
+    );
+    screenshot(&c, "errored").await;
+
+    // Clear it, through its confirm dialog; recorded with the operator's name.
+    let q = click_and_answer(&c, &format!("{row} button"), true).await;
+    assert!(q.contains("Clear the errored flag of chat doomed"), "{q}");
+    wait_gone(&c, row).await;
+    let chat = turnpike_jetstream::decode_kv::<turnpike_core::wire::ChatRecord>(
+        &p.bus
+            .chats
+            .get("doomed")
+            .await
+            .expect("get")
+            .expect("chat record"),
+    )
+    .expect("decode");
+    assert!(chat.errored.is_none());
+    assert_eq!(chat.cleared.last().map(|a| a.by.as_str()), Some(OPERATOR));
+
+    // Kill a hanging turn from the live list: dismissing the dialog does nothing, accepting kills.
+    c.goto(&format!("{base}/live")).await.expect("goto");
+    mark_document(&c).await;
+    let hanging = send(&p.bus, "hanging", "m-hang", "hang").await;
+    let row = format!("tr[data-turn='{hanging}'][data-state=running]");
+    wait_for(&c, &row).await;
+    assert!(
+        still_same_document(&c).await,
+        "the live row must appear without a reload"
+    );
+    screenshot(&c, "live").await;
+    let q = click_and_answer(&c, &format!("{row} .btn-kill"), false).await;
+    assert!(q.contains(&format!("Kill turn {hanging}")), "{q}");
+    let r = turnpike_jetstream::turns::load(&p.bus, &hanging)
+        .await
+        .expect("load")
+        .expect("record")
+        .record;
+    assert!(r.kill.is_none(), "a dismissed dialog must not kill");
+    click_and_answer(&c, &format!("{row} .btn-kill"), true).await;
+    let killed = wait_ended(&p.bus, &hanging, WAIT).await;
+    assert_eq!(killed.state, TurnState::Killed);
+    assert_eq!(killed.kill.as_ref().map(|k| k.by.as_str()), Some(OPERATOR));
+    wait_gone(&c, &format!("tr[data-turn='{hanging}']")).await;
+
+    // The turn page shows it killed, with who; re-run it.
+    c.goto(&format!("{base}/turns/{hanging}"))
+        .await
+        .expect("goto");
+    wait_for(&c, "h1 .state-killed").await;
+    assert!(text(&c, "dl.facts").await.contains(OPERATOR));
+    let q = click_and_answer(&c, ".btn-re-run", true).await;
+    assert!(q.contains("again"), "{q}");
+    let rerun = TurnId::for_rerun(&hanging, 1);
+    wait_for(&c, ".flash.ok").await;
+    let again = wait_state(&p.bus, &rerun, TurnState::Running).await;
+    assert_eq!(again.rerun_of.as_ref(), Some(&hanging));
+    assert_eq!(
+        again.created_by.as_ref().map(|a| a.by.as_str()),
+        Some(OPERATOR)
+    );
+    kill_turn(&p.bus, &rerun).await;
+
+    // A pending retry shows a countdown to its due time.
+    c.goto(&format!("{base}/live")).await.expect("goto");
+    let retried = send(&p.bus, "retried", "m-retry", "die-until:2").await;
+    let countdown = wait_for(
+        &c,
+        &format!("tr[data-turn='{retried}'][data-state=pending_retry] .countdown"),
+    )
+    .await;
+    let t = countdown.text().await.expect("text");
+    assert!(t.starts_with("in ") || t == "due", "countdown reads {t:?}");
+    assert_eq!(
+        wait_ended(&p.bus, &retried, WAIT).await.state,
+        TurnState::Done
+    );
+
+    // An HTML-injection message renders as text.
+    let inject = send(
+        &p.bus,
+        "inject",
+        "m-inject",
+        "reply:<script>alert(1)</script>",
+    )
+    .await;
+    wait_ended(&p.bus, &inject, WAIT).await;
+    c.goto(&format!("{base}/turns/{inject}"))
+        .await
+        .expect("goto");
+    assert_eq!(
+        text(&c, "#message").await,
+        "reply:<script>alert(1)</script>"
+    );
+    assert!(c.get_alert_text().await.is_err(), "no script ran");
+    c.goto(&format!("{base}/chats/inject")).await.expect("goto");
+    assert!(text(&c, "ol.history")
+        .await
+        .contains("<script>alert(1)</script>"));
+    assert!(c.get_alert_text().await.is_err(), "no script ran");
+
+    // A POST without the CSRF token is refused (from the dashboard's own page, logged in).
+    let status = c
+        .execute(
+            "return fetch('/turns/' + arguments[0] + '/rerun', {method: 'POST', body: new URLSearchParams({csrf: ''})}).then(r => r.status);",
+            vec![json!(inject.as_str())],
+        )
+        .await
+        .expect("fetch");
+    assert_eq!(status, json!(403));
+    assert!(
+        turnpike_jetstream::turns::load(&p.bus, &TurnId::for_rerun(&inject, 1))
+            .await
+            .expect("load")
+            .is_none()
+    );
+
+    // Narrow screens: the overview at 390 px.
+    c.goto(&format!("{base}/")).await.expect("goto");
+    wait_for(&c, "#done").await;
+    screenshot(&c, "overview-1280").await;
+    c.set_window_size(390, 844).await.expect("resize");
+    screenshot(&c, "overview-390").await;
+    let overflow = c
+        .execute(
+            "return document.documentElement.scrollWidth <= window.innerWidth + 1;",
+            vec![],
+        )
+        .await
+        .expect("width");
+    assert_eq!(
+        overflow,
+        json!(true),
+        "the overview must fit 390 px without sideways scrolling"
+    );
+
+    // Logged out: pages are refused again.
+    c.delete_all_cookies().await.expect("cookies");
+    c.goto(&format!("{base}/live")).await.expect("goto");
+    assert_eq!(path(&c).await, "/login");
+
+    c.close().await.expect("close");
+    stop.cancel();
+    p.stop().await;
+}

@@ -215,6 +215,28 @@ impl ExitClass {
         ExitClass::RunnerLost,
         ExitClass::EngineError,
     ];
+
+    /// The wire spelling (as serde writes it), for logs, metrics labels and pages.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ExitClass::Clean => "clean",
+            ExitClass::AgentFailed => "agent_failed",
+            ExitClass::CouldNotStart => "could_not_start",
+            ExitClass::OomKilled => "oom_killed",
+            ExitClass::TimedOut => "timed_out",
+            ExitClass::Crashed => "crashed",
+            ExitClass::Signaled => "signaled",
+            ExitClass::OperatorKilled => "operator_killed",
+            ExitClass::RunnerLost => "runner_lost",
+            ExitClass::EngineError => "engine_error",
+        }
+    }
+}
+
+impl std::fmt::Display for ExitClass {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 /// The runner's report of how an attempt ended.
@@ -434,6 +456,16 @@ pub struct RunnerPresence {
 mod tests {
     use super::*;
     use crate::codec::Codec;
+
+    #[test]
+    fn exit_classes_display_as_serde_spells_them() {
+        for c in ExitClass::ALL {
+            assert_eq!(
+                serde_json::to_value(c).expect("json"),
+                serde_json::json!(c.to_string())
+            );
+        }
+    }
     use serde::de::DeserializeOwned;
     use std::fmt::Debug;
 

@@ -160,6 +160,30 @@ async fn role_bus(
     }
 }
 
+/// A coordinator's `/metrics` on `metrics_listen`, when set.
+async fn serve_metrics(
+    config: &Config,
+    counters: std::sync::Arc<turnpike_coordinator::Counters>,
+    shutdown: &CancellationToken,
+) -> Result<()> {
+    let Some(listen) = &config.metrics_listen else {
+        return Ok(());
+    };
+    let listener = turnpike_dashboard::Dashboard::bind(listen).await?;
+    let render: turnpike_dashboard::metrics::Render = std::sync::Arc::new(move || {
+        turnpike_coordinator::metrics::render(&counters).map_err(|e| e.to_string())
+    });
+    let token = shutdown.clone();
+    tokio::spawn(async move {
+        if let Err(e) =
+            turnpike_dashboard::metrics::serve_role_metrics(listener, render, token).await
+        {
+            tracing::error!(error = %e, "metrics endpoint stopped");
+        }
+    });
+    Ok(())
+}
+
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     if let Command::TestAgent = cli.command {
@@ -250,9 +274,9 @@ async fn run(command: Command, config: Config, json: bool) -> Result<std::proces
             let Some(bus) = role_bus(&config, "turnpike-coordinator", &shutdown).await? else {
                 return Ok(ExitCode::SUCCESS);
             };
-            turnpike_coordinator::Coordinator::new(bus, &config)
-                .run(shutdown)
-                .await?;
+            let coordinator = turnpike_coordinator::Coordinator::new(bus, &config);
+            serve_metrics(&config, coordinator.counters(), &shutdown).await?;
+            coordinator.run(shutdown).await?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Runner => {

@@ -66,13 +66,10 @@ pub async fn run(mut config: Config, demo: bool) -> Result<ExitCode> {
         });
     }
     {
-        let (bus, config, token) = (bus.clone(), config.clone(), shutdown.clone());
-        roles.spawn(async move {
-            turnpike_coordinator::Coordinator::new(bus, &config)
-                .run(token)
-                .await
-                .map_err(anyhow::Error::from)
-        });
+        let coordinator = turnpike_coordinator::Coordinator::new(bus.clone(), &config);
+        crate::serve_metrics(&config, coordinator.counters(), &shutdown).await?;
+        let token = shutdown.clone();
+        roles.spawn(async move { coordinator.run(token).await.map_err(anyhow::Error::from) });
     }
     {
         let runner = turnpike_runner::Runner::new(bus.clone(), config.clone()).await?;

@@ -173,6 +173,9 @@ pub struct Config {
     /// Mark the session cookie `Secure` (set it when the dashboard is reached over HTTPS, e.g.
     /// behind a TLS-terminating proxy).
     pub dashboard_secure_cookie: bool,
+    /// Where a coordinator serves its own counters and timings on `/metrics` (Prometheus text
+    /// format), e.g. `0.0.0.0:9464`; off when unset.
+    pub metrics_listen: Option<String>,
 
     // --- Local pipeline (`turnpike up`) -------------------------------------------------------
     /// Where `turnpike up` keeps nats-server's store (default: the user's state dir).
@@ -233,6 +236,7 @@ impl Default for Config {
             dashboard_session_key_file: None,
             dashboard_session_ttl: Duration::from_secs(12 * 3600),
             dashboard_secure_cookie: false,
+            metrics_listen: None,
             state_dir: None,
             log: "info".into(),
         }

@@ -19,6 +19,7 @@ pub struct Counters {
     pub queued_long: AtomicU64,
     pub events_applied: AtomicU64,
     pub events_unchanged: AtomicU64,
+    pub timings: crate::metrics::Timings,
 }
 
 /// A snapshot, as JSON for operators.

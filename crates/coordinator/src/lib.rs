@@ -24,6 +24,7 @@ pub mod counters;
 pub mod ops;
 pub mod sweep;
 
+pub mod metrics;
 pub use counters::{Counters, CountersSnapshot};
 
 /// Claims this coordinator has checked, by key: a claim never changes once created, so one leader
@@ -276,6 +277,7 @@ async fn apply(
             info!(state = %current.record.state, retry_count = current.record.retry_count, "turn updated");
             counters.applied(true);
             counters.effects(&effects);
+            counters.timings.observe(&current.record, event);
             current
         }
         Applied::Unchanged(why, v) => {

@@ -119,3 +119,36 @@ impl ClusterMetrics {
         Ok(out)
     }
 }
+
+/// What a role's `/metrics` shows: its text exposition, made when scraped.
+pub type Render = std::sync::Arc<dyn Fn() -> Result<String, String> + Send + Sync>;
+
+/// Serve `render` as `/metrics` on `listener` until `shutdown`: a role's own metrics endpoint
+/// (`metrics_listen`).
+pub async fn serve_role_metrics(
+    listener: tokio::net::TcpListener,
+    render: Render,
+    shutdown: tokio_util::sync::CancellationToken,
+) -> Result<(), DashboardError> {
+    use axum::http::{header, StatusCode};
+    use axum::response::IntoResponse;
+    let app = axum::Router::new().route(
+        "/metrics",
+        axum::routing::get(move || {
+            let render = render.clone();
+            async move {
+                match render() {
+                    Ok(text) => ([(header::CONTENT_TYPE, CONTENT_TYPE)], text).into_response(),
+                    Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e).into_response(),
+                }
+            }
+        }),
+    );
+    axum::serve(listener, app)
+        .with_graceful_shutdown(async move { shutdown.cancelled().await })
+        .await
+        .map_err(DashboardError::Serve)
+}
+
+/// The Prometheus text format's content type.
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";

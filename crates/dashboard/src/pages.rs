@@ -368,9 +368,7 @@ pub fn turn(ctx: &Ctx, r: &TurnRecord, reruns: &[TurnRecord], flash_: Markup) ->
                     @if let Some(x) = &a.runner { " on " span.mono { (x.as_str()) } }
                     @if let Some(e) = &a.exit {
                         " · ended " (time(e.ended_at, ctx.now)) " · "
-                        span class=(format!("exit exit-{}", serde_json::to_value(e.class).ok().and_then(|v| v.as_str().map(str::to_owned)).unwrap_or_default())) {
-                            (serde_json::to_value(e.class).ok().and_then(|v| v.as_str().map(str::to_owned)).unwrap_or_default())
-                        }
+                        span class=(format!("exit exit-{}", e.class)) { (e.class.as_str()) }
                         @if let Some(c) = e.exit_code { " code " (c) }
                         @if let Some(s) = e.signal { " signal " (s) }
                         @if let (Some(s), Some(st)) = (a.started_at, Some(e.ended_at)) { " · ran " (duration(st.millis().saturating_sub(s.millis()))) }

@@ -74,7 +74,7 @@ pub fn router(state: Shared) -> Router {
         .route("/login", get(login_page).post(login))
         .route("/logout", post(logout))
         .route("/metrics", get(metrics))
-        .route("/healthz", get(|| async { "ok" }))
+        .route("/healthz", get(healthz))
         .route(
             "/assets/app.js",
             get(|| async {
@@ -261,14 +261,15 @@ fn tokio_stream_from(rx: broadcast::Receiver<Change>) -> impl futures::Stream<It
 
 async fn metrics(AxState(state): AxState<Shared>) -> Response {
     match state.metrics.render(&state).await {
-        Ok(text) => (
-            [(
-                header::CONTENT_TYPE,
-                "application/openmetrics-text; version=1.0.0; charset=utf-8",
-            )],
-            text,
-        )
-            .into_response(),
+        Ok(text) => ([(header::CONTENT_TYPE, crate::metrics::CONTENT_TYPE)], text).into_response(),
         Err(e) => failed(e),
+    }
+}
+
+/// 200 while connected to NATS, so a container health check sees a dashboard that cannot read.
+async fn healthz(AxState(state): AxState<Shared>) -> Response {
+    match state.bus.client.connection_state() {
+        async_nats::connection::State::Connected => "ok".into_response(),
+        other => (StatusCode::SERVICE_UNAVAILABLE, format!("NATS: {other:?}")).into_response(),
     }
 }

@@ -219,3 +219,117 @@ fn as_role(base: &Config, role: &str) -> Config {
         ..base.clone()
     }
 }
+
+/// The dashboard shows every page and acts, holding only the `dashboard` user's rights, and
+/// that user can neither write state nor pose as another role.
+#[tokio::test]
+async fn the_dashboard_reads_and_acts_with_only_its_own_rights() {
+    init_logs();
+    let server = NatsServer::start_with_accounts();
+    let base = test_config(&server, AGENT);
+    let admin = Bus::connect(&as_role(&base, "admin"), "test-admin")
+        .await
+        .expect("admin creates the topology");
+    let roles = [
+        start_dispatcher(&as_role(&base, "dispatcher")).await,
+        start_coordinator(&as_role(&base, "coordinator")).await,
+        start_runner(&as_role(&base, "runner")).await,
+    ];
+    let chat = chat_client(&server).await;
+    let done = chat.send("dash", "d-1", "reply:shown", vec![]).await;
+    assert_eq!(wait_ended(&admin, &done, T).await.state, TurnState::Done);
+    let hung = chat.send("dash2", "d-2", "hang", vec![]).await;
+    wait_state(&admin, &hung, TurnState::Running).await;
+
+    let config = as_role(&base, "dashboard");
+    let bus = Bus::connect(&config, "test-dashboard")
+        .await
+        .expect("dashboard connects");
+    let users = turnpike_dashboard::Users::default()
+        .with("op", turnpike_dashboard::hash_password("pw").expect("hash"));
+    let access = turnpike_dashboard::Access {
+        users,
+        key: turnpike_dashboard::SessionKey::random().expect("key"),
+        session_ttl: Duration::from_secs(600),
+    };
+    let listener = turnpike_dashboard::Dashboard::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let url = format!("http://{}", listener.local_addr().expect("addr"));
+    let stop = tokio_util::sync::CancellationToken::new();
+    let dashboard = turnpike_dashboard::Dashboard::new(bus, config, access).expect("dashboard");
+    let serving = tokio::spawn(dashboard.serve(listener, stop.clone()));
+
+    let cookie = dashboard_login(&url, "op", "pw").await;
+    let chat_page = "/chats/dash".to_owned();
+    let turn_page = format!("/turns/{done}");
+    for page in [
+        "/", "/errored", "/live", "/runners", &turn_page, &chat_page, "/metrics",
+    ] {
+        let (status, _, body) = http(&url, "GET", page, &[("Cookie", &cookie)], "").await;
+        assert_eq!(status, 200, "{page}: {body}");
+    }
+    let (_, _, body) = http(&url, "GET", &chat_page, &[("Cookie", &cookie)], "").await;
+    assert!(
+        body.contains("reply:shown"),
+        "the chat's recent turn is listed: {body}"
+    );
+    let (_, _, live) = http(&url, "GET", "/live", &[("Cookie", &cookie)], "").await;
+    assert!(
+        live.contains(hung.as_str()),
+        "the hanging turn is live: {live}"
+    );
+    // An action, as the operator, through the ops service.
+    let (status, headers, _) = http(
+        &url,
+        "POST",
+        &format!("/turns/{hung}/kill"),
+        &[("Cookie", &cookie), ("Origin", &url)],
+        &format!("csrf={}", csrf_of(&live)),
+    )
+    .await;
+    assert_eq!(status, 303);
+    let location = headers
+        .iter()
+        .find(|(k, _)| k == "location")
+        .map(|(_, v)| v.clone());
+    assert!(
+        location.as_deref().is_some_and(|l| l.contains("ok=true")),
+        "{location:?}"
+    );
+    let killed = wait_ended(&admin, &hung, T).await;
+    assert_eq!(killed.state, TurnState::Killed);
+    assert_eq!(killed.kill.map(|k| k.by), Some("op".to_owned()));
+
+    let log = server.log();
+    assert!(
+        !log.contains("Violation"),
+        "the dashboard lacked a permission it needs:\n{}",
+        log.lines()
+            .filter(|l| l.contains("Violation"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    // It may not write state, publish for a chat, or pose as a runner or coordinator.
+    let mut user = connect_as("dashboard", vec![server.url()]).await;
+    for forged in [
+        format!("$KV.turnpike_turns.{done}"),
+        "$KV.turnpike_chats.dash".to_owned(),
+        "turnpike.chat.in.dash".to_owned(),
+        "turnpike.chat.out.dash".to_owned(),
+        format!("turnpike.events.{done}"),
+        format!("turnpike.control.kill.{done}"),
+        format!("turnpike.work.run.{done}"),
+        "$JS.API.STREAM.PURGE.TURNPIKE_WORK".to_owned(),
+        "$JS.API.STREAM.MSG.GET.TURNPIKE_CHAT_OUT".to_owned(),
+    ] {
+        let why = user.refused(&forged).await;
+        assert!(why.contains("Permissions Violation"), "{forged}: {why}");
+    }
+
+    stop.cancel();
+    serving.await.expect("join").expect("served");
+    for r in roles {
+        r.stop().await;
+    }
+}

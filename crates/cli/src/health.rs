@@ -23,6 +23,8 @@ pub enum Check {
     Dispatcher,
     /// nats-server's monitoring endpoint says healthy (`--url`).
     Nats,
+    /// This container's dashboard answers `/healthz` (it is connected to NATS).
+    Dashboard,
 }
 
 /// How long the whole check may take: container engines kill slower checks anyway.
@@ -37,6 +39,14 @@ pub async fn run(check: Check, url: &str, config: Config) -> Result<String> {
 async fn check_once(check: Check, url: &str, config: Config) -> Result<String> {
     match check {
         Check::Nats => http_ok(url).await,
+        Check::Dashboard => {
+            // A wildcard listen address is reached on loopback from inside the container.
+            let listen = config
+                .dashboard_listen
+                .replace("0.0.0.0:", "127.0.0.1:")
+                .replace("[::]:", "[::1]:");
+            http_ok(&format!("http://{listen}/healthz")).await
+        }
         role => check_role(role, config).await,
     }
 }
@@ -101,7 +111,7 @@ async fn check_role(check: Check, mut config: Config) -> Result<String> {
                 .context("dispatcher consumer")?;
             Ok("dispatcher: JetStream answers, consumer present".into())
         }
-        Check::Nats => bail!("not a role: use --url with the nats check"),
+        Check::Nats | Check::Dashboard => bail!("not checked through NATS"),
     }
 }
 

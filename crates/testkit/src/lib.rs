@@ -23,11 +23,12 @@ pub struct NatsServer {
 pub const ACCOUNTS_CONF: &str = include_str!("../../../deploy/nats/accounts.conf");
 
 /// The users `ACCOUNTS_CONF` defines.
-pub const ROLES: [&str; 6] = [
+pub const ROLES: [&str; 7] = [
     "admin",
     "dispatcher",
     "coordinator",
     "runner",
+    "dashboard",
     "chat",
     "sys",
 ];

@@ -73,16 +73,7 @@ fn replies(items: &[OutboundItem]) -> Vec<&str> {
 async fn each_role_does_its_whole_job_with_only_its_own_rights() {
     init_logs();
     let server = NatsServer::start_with_accounts();
-    let base = test_config(&server, AGENT);
-    // Only admin may create the topology; the roles only open it.
-    let admin = Bus::connect(&as_role(&base, "admin"), "test-admin")
-        .await
-        .expect("admin creates the topology");
-    let roles = [
-        start_dispatcher(&as_role(&base, "dispatcher")).await,
-        start_coordinator(&as_role(&base, "coordinator")).await,
-        start_runner(&as_role(&base, "runner")).await,
-    ];
+    let (_, admin, roles) = pipeline_as_roles(&server).await;
     let mut chat = chat_client(&server).await;
 
     // Upload an attachment as the chat user; the runner reads it.
@@ -209,6 +200,21 @@ async fn each_role_does_its_whole_job_with_only_its_own_rights() {
     }
 }
 
+/// The pipeline on the accounts server, each role as its own user: only admin may create the
+/// topology; the roles only open it. Returns the base config, admin's bus and the roles.
+async fn pipeline_as_roles(server: &NatsServer) -> (Config, Bus, [Role; 3]) {
+    let base = test_config(server, AGENT);
+    let admin = Bus::connect(&as_role(&base, "admin"), "test-admin")
+        .await
+        .expect("admin creates the topology");
+    let roles = [
+        start_dispatcher(&as_role(&base, "dispatcher")).await,
+        start_coordinator(&as_role(&base, "coordinator")).await,
+        start_runner(&as_role(&base, "runner")).await,
+    ];
+    (base, admin, roles)
+}
+
 /// A role's config on the accounts server: its own user, its own reply prefix, no topology rights.
 fn as_role(base: &Config, role: &str) -> Config {
     Config {
@@ -226,15 +232,7 @@ fn as_role(base: &Config, role: &str) -> Config {
 async fn the_dashboard_reads_and_acts_with_only_its_own_rights() {
     init_logs();
     let server = NatsServer::start_with_accounts();
-    let base = test_config(&server, AGENT);
-    let admin = Bus::connect(&as_role(&base, "admin"), "test-admin")
-        .await
-        .expect("admin creates the topology");
-    let roles = [
-        start_dispatcher(&as_role(&base, "dispatcher")).await,
-        start_coordinator(&as_role(&base, "coordinator")).await,
-        start_runner(&as_role(&base, "runner")).await,
-    ];
+    let (base, admin, roles) = pipeline_as_roles(&server).await;
     let chat = chat_client(&server).await;
     let done = chat.send("dash", "d-1", "reply:shown", vec![]).await;
     assert_eq!(wait_ended(&admin, &done, T).await.state, TurnState::Done);

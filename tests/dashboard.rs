@@ -94,13 +94,9 @@ async fn path(c: &Client) -> String {
     c.current_url().await.expect("url").path().to_owned()
 }
 
+/// The text of `css`, once it is on the page (after a click, the next page may still be loading).
 async fn text(c: &Client, css: &str) -> String {
-    c.find(Locator::Css(css))
-        .await
-        .expect(css)
-        .text()
-        .await
-        .expect("text")
+    wait_for(c, css).await.text().await.expect("text")
 }
 
 /// Wait until `css` matches something on the page as it is now (no reload).
@@ -144,12 +140,7 @@ async fn still_same_document(c: &Client) -> bool {
 }
 
 async fn click_and_answer(c: &Client, css: &str, accept: bool) -> String {
-    c.find(Locator::Css(css))
-        .await
-        .expect(css)
-        .click()
-        .await
-        .expect("click");
+    wait_for(c, css).await.click().await.expect("click");
     let c2 = c.clone();
     let question = eventually(WAIT, "the confirm dialog", || {
         let c = c2.clone();

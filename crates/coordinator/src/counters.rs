@@ -2,7 +2,6 @@
 //! Exposed through the NATS service API: `$SRV.STATS.turnpike-coordinator` (each endpoint's
 //! `data`) and the `turnpike.ops.stats` request, which adds the live counts.
 
-use serde::Serialize;
 use std::sync::atomic::{AtomicU64, Ordering};
 use turnpike_core::lifecycle::{Effect, NoticeKind, TurnState};
 
@@ -22,21 +21,7 @@ pub struct Counters {
     pub timings: crate::metrics::Timings,
 }
 
-/// A snapshot, as JSON for operators.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
-pub struct CountersSnapshot {
-    pub turns_done: u64,
-    pub turns_failed: u64,
-    pub turns_gave_up: u64,
-    pub turns_killed: u64,
-    pub silent_turns: u64,
-    pub retries_scheduled: u64,
-    pub runner_lost: u64,
-    pub dead_lettered: u64,
-    pub queued_long: u64,
-    pub events_applied: u64,
-    pub events_unchanged: u64,
-}
+pub use turnpike_core::wire::CountersSnapshot;
 
 fn inc(c: &AtomicU64) {
     c.fetch_add(1, Ordering::Relaxed);

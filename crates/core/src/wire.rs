@@ -374,6 +374,24 @@ pub struct OpsReply {
     pub state: Option<String>,
 }
 
+/// A coordinator's counters since it started, as `$SRV.STATS.turnpike-coordinator` and
+/// `turnpike.ops.stats` report them (sum them over coordinators for the cluster).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct CountersSnapshot {
+    pub turns_done: u64,
+    pub turns_failed: u64,
+    pub turns_gave_up: u64,
+    pub turns_killed: u64,
+    pub silent_turns: u64,
+    pub retries_scheduled: u64,
+    pub runner_lost: u64,
+    pub dead_lettered: u64,
+    pub queued_long: u64,
+    pub events_applied: u64,
+    pub events_unchanged: u64,
+}
+
 /// Who did an operator action, and when.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct OperatorAction {

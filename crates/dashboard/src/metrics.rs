@@ -12,7 +12,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
-use crate::web::{overview_data, State};
+use crate::web::State;
 use crate::DashboardError;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -89,7 +89,7 @@ impl ClusterMetrics {
     }
 
     pub async fn render(&self, state: &State) -> Result<String, DashboardError> {
-        let o = overview_data(state).await?;
+        let o = crate::read::overview(&state.bus).await?;
         self.live.clear();
         for s in ["waiting", "queued", "running", "pending_retry"] {
             self.live

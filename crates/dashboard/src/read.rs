@@ -219,33 +219,20 @@ pub async fn recent_turn_ids(
         .collect())
 }
 
-/// Counters summed over every coordinator (each answers `$SRV.STATS.turnpike-coordinator`).
-#[derive(Debug, Default, Clone, Deserialize)]
-#[serde(default)]
-pub struct Counters {
-    pub turns_done: u64,
-    pub turns_failed: u64,
-    pub turns_gave_up: u64,
-    pub turns_killed: u64,
-    pub silent_turns: u64,
-    pub retries_scheduled: u64,
-    pub runner_lost: u64,
-    pub dead_lettered: u64,
-    pub queued_long: u64,
-}
+pub use turnpike_core::wire::CountersSnapshot as Counters;
 
-impl Counters {
-    fn add(&mut self, o: &Counters) {
-        self.turns_done += o.turns_done;
-        self.turns_failed += o.turns_failed;
-        self.turns_gave_up += o.turns_gave_up;
-        self.turns_killed += o.turns_killed;
-        self.silent_turns += o.silent_turns;
-        self.retries_scheduled += o.retries_scheduled;
-        self.runner_lost += o.runner_lost;
-        self.dead_lettered += o.dead_lettered;
-        self.queued_long += o.queued_long;
-    }
+fn add(total: &mut Counters, o: &Counters) {
+    total.turns_done += o.turns_done;
+    total.turns_failed += o.turns_failed;
+    total.turns_gave_up += o.turns_gave_up;
+    total.turns_killed += o.turns_killed;
+    total.silent_turns += o.silent_turns;
+    total.retries_scheduled += o.retries_scheduled;
+    total.runner_lost += o.runner_lost;
+    total.dead_lettered += o.dead_lettered;
+    total.queued_long += o.queued_long;
+    total.events_applied += o.events_applied;
+    total.events_unchanged += o.events_unchanged;
 }
 
 #[derive(Deserialize)]
@@ -293,7 +280,7 @@ pub async fn coordinator_counters(
                     // Every endpoint carries the same process-wide counters: count each process once.
                     if seen.insert(s.id.clone()) {
                         if let Some(c) = s.endpoints.iter().find_map(|e| e.data.clone()) {
-                            total.add(&c);
+                            add(&mut total, &c);
                         }
                     }
                 }
@@ -302,4 +289,31 @@ pub async fn coordinator_counters(
         }
     }
     Ok((total, seen.len()))
+}
+
+/// What the overview shows: counters summed over the coordinators, live turns by state, the
+/// work queue, capacity and errored chats.
+pub async fn overview(bus: &Bus) -> Result<crate::pages::Overview, DashboardError> {
+    let (counters, coordinators) = coordinator_counters(bus, Duration::from_millis(50)).await?;
+    let records = turns(bus, &live_ids(bus).await?).await?;
+    let mut by_state: BTreeMap<&'static str, (turnpike_core::TurnState, u64)> = BTreeMap::new();
+    for r in &records {
+        by_state.entry(r.state.as_str()).or_insert((r.state, 0)).1 += 1;
+    }
+    let runners = runners(bus).await?;
+    let errored_chats = chats(bus)
+        .await?
+        .iter()
+        .filter(|c| c.errored.is_some())
+        .count();
+    Ok(crate::pages::Overview {
+        counters,
+        coordinators,
+        live: by_state.into_values().collect(),
+        queue_depth: queue_depth(bus).await?,
+        runners: runners.len(),
+        slots: runners.iter().map(|r| r.slots).sum(),
+        slots_in_use: runners.iter().map(|r| r.slots_in_use).sum(),
+        errored_chats,
+    })
 }

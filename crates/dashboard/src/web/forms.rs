@@ -117,21 +117,55 @@ fn back_to(headers: &HeaderMap, fallback: &str) -> String {
         .unwrap_or_else(|| fallback.to_owned())
 }
 
+/// What an action's URL names.
+enum Target {
+    Turn(TurnId),
+    Chat(ChatId),
+}
+
+/// Every action: the POST checks, the target from the path, the ops request as the operator,
+/// back to the page it came from.
+async fn act(
+    state: &State,
+    headers: &HeaderMap,
+    form: &ActionForm,
+    subject: &str,
+    target: Option<Target>,
+) -> Response {
+    let s = match check_post(state, headers, form) {
+        Ok(s) => s,
+        Err(r) => return r.into_response(),
+    };
+    let (turn, chat, fallback) = match target {
+        Some(Target::Turn(t)) => {
+            let back = format!("/turns/{t}");
+            (Some(t), None, back)
+        }
+        Some(Target::Chat(c)) => (None, Some(c), "/errored".to_owned()),
+        None => return StatusCode::NOT_FOUND.into_response(),
+    };
+    let back = back_to(headers, &fallback);
+    ops(state, subject, &s.user, turn, chat, &back).await
+}
+
+fn turn_target(id: &str) -> Option<Target> {
+    TurnId::new(id).ok().map(Target::Turn)
+}
+
 pub(super) async fn kill(
     AxState(state): AxState<Shared>,
     headers: HeaderMap,
     Path(id): Path<String>,
     Form(form): Form<ActionForm>,
 ) -> Response {
-    let s = match check_post(&state, &headers, &form) {
-        Ok(s) => s,
-        Err(r) => return r.into_response(),
-    };
-    let Ok(turn) = TurnId::new(id.as_str()) else {
-        return StatusCode::NOT_FOUND.into_response();
-    };
-    let back = back_to(&headers, &format!("/turns/{turn}"));
-    ops(&state, subjects::OPS_KILL, &s.user, Some(turn), None, &back).await
+    act(
+        &state,
+        &headers,
+        &form,
+        subjects::OPS_KILL,
+        turn_target(&id),
+    )
+    .await
 }
 
 pub(super) async fn rerun(
@@ -140,21 +174,12 @@ pub(super) async fn rerun(
     Path(id): Path<String>,
     Form(form): Form<ActionForm>,
 ) -> Response {
-    let s = match check_post(&state, &headers, &form) {
-        Ok(s) => s,
-        Err(r) => return r.into_response(),
-    };
-    let Ok(turn) = TurnId::new(id.as_str()) else {
-        return StatusCode::NOT_FOUND.into_response();
-    };
-    let back = back_to(&headers, &format!("/turns/{turn}"));
-    ops(
+    act(
         &state,
+        &headers,
+        &form,
         subjects::OPS_RERUN,
-        &s.user,
-        Some(turn),
-        None,
-        &back,
+        turn_target(&id),
     )
     .await
 }
@@ -165,23 +190,8 @@ pub(super) async fn clear(
     Path(id): Path<String>,
     Form(form): Form<ActionForm>,
 ) -> Response {
-    let s = match check_post(&state, &headers, &form) {
-        Ok(s) => s,
-        Err(r) => return r.into_response(),
-    };
-    let Ok(chat) = ChatId::new(id.as_str()) else {
-        return StatusCode::NOT_FOUND.into_response();
-    };
-    let back = back_to(&headers, "/errored");
-    ops(
-        &state,
-        subjects::OPS_CLEAR,
-        &s.user,
-        None,
-        Some(chat),
-        &back,
-    )
-    .await
+    let target = ChatId::new(id.as_str()).ok().map(Target::Chat);
+    act(&state, &headers, &form, subjects::OPS_CLEAR, target).await
 }
 
 #[derive(Deserialize)]

@@ -56,7 +56,6 @@ impl State {
 pub(super) type Shared = Arc<State>;
 
 use forms::{clear, kill, login, login_page, logout, rerun};
-pub(crate) use views::overview_data;
 use views::{chat, errored, live, overview, runners, turn};
 
 pub fn router(state: Shared) -> Router {
@@ -167,18 +166,30 @@ pub(super) fn urlencode(s: &str) -> String {
 }
 
 /// A page, whole or (for the live re-draw) only its main part.
-pub(super) fn render(state: &State, s: &Session, headers: &HeaderMap, page: Page) -> Response {
+/// A page, drawn for this operator (`page` gets their CSRF token and the time).
+pub(super) fn render(
+    state: &State,
+    s: &Session,
+    headers: &HeaderMap,
+    page: impl FnOnce(&Ctx) -> Page,
+) -> Response {
     let csrf = state.access.key.csrf(s);
     let ctx = Ctx {
         user: &s.user,
         csrf: &csrf,
         now: now(),
     };
+    let page = page(&ctx);
     if is_fragment(headers) {
         Html(page.body.into_string()).into_response()
     } else {
         Html(pages::layout(&ctx, &page).into_string()).into_response()
     }
+}
+
+pub(super) fn not_found(state: &State, s: &Session, headers: &HeaderMap, what: &str) -> Response {
+    let page = render(state, s, headers, |_| pages::not_found(what));
+    (StatusCode::NOT_FOUND, page).into_response()
 }
 
 pub(super) fn failed(e: crate::DashboardError) -> Response {

@@ -1,51 +1,20 @@
 //! The pages: each reads what it shows, bounded, and renders it.
 
-use super::{failed, flash, page_of, render, session, to_login, urlencode, Shared, State};
-use crate::pages::{self, Ctx, Filter};
+use super::{failed, flash, not_found, page_of, render, session, to_login, urlencode, Shared};
+use crate::pages::{self, Filter};
 use crate::read;
 use axum::extract::{Path, Query, State as AxState};
-use axum::http::{HeaderMap, StatusCode};
-use axum::response::{IntoResponse, Response};
-use std::collections::BTreeMap;
-use std::time::Duration;
-use turnpike_core::lifecycle::TurnState;
+use axum::http::HeaderMap;
+use axum::response::Response;
 use turnpike_core::{ChatId, TurnId};
 use turnpike_jetstream::now;
 
 pub(super) async fn overview(AxState(state): AxState<Shared>, headers: HeaderMap) -> Response {
     let s = logged_in!(state, headers, "/");
-    match overview_data(&state).await {
-        Ok(o) => render(&state, &s, &headers, pages::overview(&o)),
+    match read::overview(&state.bus).await {
+        Ok(o) => render(&state, &s, &headers, |_| pages::overview(&o)),
         Err(e) => failed(e),
     }
-}
-
-pub(crate) async fn overview_data(state: &State) -> Result<pages::Overview, crate::DashboardError> {
-    let bus = &state.bus;
-    let (counters, coordinators) =
-        read::coordinator_counters(bus, Duration::from_millis(50)).await?;
-    let ids = read::live_ids(bus).await?;
-    let records = read::turns(bus, &ids).await?;
-    let mut by_state: BTreeMap<&'static str, (TurnState, u64)> = BTreeMap::new();
-    for r in &records {
-        by_state.entry(r.state.as_str()).or_insert((r.state, 0)).1 += 1;
-    }
-    let runners = read::runners(bus).await?;
-    let errored = read::chats(bus)
-        .await?
-        .iter()
-        .filter(|c| c.errored.is_some())
-        .count();
-    Ok(pages::Overview {
-        counters,
-        coordinators,
-        live: by_state.into_values().collect(),
-        queue_depth: read::queue_depth(bus).await?,
-        runners: runners.len(),
-        slots: runners.iter().map(|r| r.slots).sum(),
-        slots_in_use: runners.iter().map(|r| r.slots_in_use).sum(),
-        errored_chats: errored,
-    })
 }
 
 fn within(f: &Filter, t: turnpike_core::Timestamp) -> bool {
@@ -91,19 +60,14 @@ pub(super) async fn errored(
         })
         .collect();
     flagged.sort_by_key(|c| std::cmp::Reverse(c.errored.as_ref().map(|e| e.at)));
-    let csrf = state.access.key.csrf(&s);
-    let ctx = Ctx {
-        user: &s.user,
-        csrf: &csrf,
-        now: now(),
-    };
-    let page = pages::errored(
-        &ctx,
-        &page_of(flagged, f.page),
-        &query_base("/errored", &f),
-        flash(&f),
-    );
-    render(&state, &s, &headers, page)
+    render(&state, &s, &headers, |ctx| {
+        pages::errored(
+            ctx,
+            &page_of(flagged, f.page),
+            &query_base("/errored", &f),
+            flash(&f),
+        )
+    })
 }
 
 pub(super) async fn live(
@@ -140,20 +104,15 @@ pub(super) async fn live(
     });
     records.retain(|r| within(&f, r.created_at));
     records.sort_by_key(|r| std::cmp::Reverse(r.created_at));
-    let csrf = state.access.key.csrf(&s);
-    let ctx = Ctx {
-        user: &s.user,
-        csrf: &csrf,
-        now: now(),
-    };
-    let page = pages::live(
-        &ctx,
-        &page_of(records, f.page),
-        &query_base("/live", &f),
-        &f,
-        flash(&f),
-    );
-    render(&state, &s, &headers, page)
+    render(&state, &s, &headers, |ctx| {
+        pages::live(
+            ctx,
+            &page_of(records, f.page),
+            &query_base("/live", &f),
+            &f,
+            flash(&f),
+        )
+    })
 }
 
 pub(super) async fn runners(AxState(state): AxState<Shared>, headers: HeaderMap) -> Response {
@@ -163,14 +122,10 @@ pub(super) async fn runners(AxState(state): AxState<Shared>, headers: HeaderMap)
         Err(e) => return failed(e),
     };
     list.sort_by(|a, b| a.runner.as_str().cmp(b.runner.as_str()));
-    let csrf = state.access.key.csrf(&s);
-    let ctx = Ctx {
-        user: &s.user,
-        csrf: &csrf,
-        now: now(),
-    };
     let stale = 3 * state.config.heartbeat.as_millis() as u64;
-    render(&state, &s, &headers, pages::runners(&ctx, &list, stale))
+    render(&state, &s, &headers, |ctx| {
+        pages::runners(ctx, &list, stale)
+    })
 }
 
 pub(super) async fn turn(
@@ -181,35 +136,20 @@ pub(super) async fn turn(
 ) -> Response {
     let s = logged_in!(state, headers, &format!("/turns/{id}"));
     let Ok(turn) = TurnId::new(id.as_str()) else {
-        return (
-            StatusCode::NOT_FOUND,
-            render(&state, &s, &headers, pages::not_found("No such turn.")),
-        )
-            .into_response();
+        return not_found(&state, &s, &headers, "No such turn.");
     };
     let record = match read::turn(&state.bus, &turn).await {
         Ok(Some(r)) => r,
-        Ok(None) => {
-            return (
-                StatusCode::NOT_FOUND,
-                render(&state, &s, &headers, pages::not_found("No such turn.")),
-            )
-                .into_response()
-        }
+        Ok(None) => return not_found(&state, &s, &headers, "No such turn."),
         Err(e) => return failed(e),
     };
     let reruns = match read::reruns(&state.bus, &turn, 20).await {
         Ok(r) => r,
         Err(e) => return failed(e),
     };
-    let csrf = state.access.key.csrf(&s);
-    let ctx = Ctx {
-        user: &s.user,
-        csrf: &csrf,
-        now: now(),
-    };
-    let page = pages::turn(&ctx, &record, &reruns, flash(&f));
-    render(&state, &s, &headers, page)
+    render(&state, &s, &headers, |ctx| {
+        pages::turn(ctx, &record, &reruns, flash(&f))
+    })
 }
 
 pub(super) async fn chat(
@@ -220,11 +160,7 @@ pub(super) async fn chat(
 ) -> Response {
     let s = logged_in!(state, headers, &format!("/chats/{id}"));
     let Ok(chat_id) = ChatId::new(id.as_str()) else {
-        return (
-            StatusCode::NOT_FOUND,
-            render(&state, &s, &headers, pages::not_found("No such chat.")),
-        )
-            .into_response();
+        return not_found(&state, &s, &headers, "No such chat.");
     };
     let bus = &state.bus;
     let (record, recent) = match tokio::try_join!(read::chat(bus, &chat_id), async {
@@ -234,12 +170,7 @@ pub(super) async fn chat(
         Ok(x) => x,
         Err(e) => return failed(e),
     };
-    let csrf = state.access.key.csrf(&s);
-    let ctx = Ctx {
-        user: &s.user,
-        csrf: &csrf,
-        now: now(),
-    };
-    let page = pages::chat(&ctx, chat_id.as_str(), record.as_ref(), &recent, flash(&f));
-    render(&state, &s, &headers, page)
+    render(&state, &s, &headers, |ctx| {
+        pages::chat(ctx, chat_id.as_str(), record.as_ref(), &recent, flash(&f))
+    })
 }

@@ -368,39 +368,7 @@ pub async fn scale(out: &mut String) -> Result<()> {
     let (warm_up, live_turns) = (20, 1000);
     for stored in [1_000usize, 10_000, 100_000] {
         let stack = Stack::start_with(1, false, |c| c.runner_slots = 4).await?;
-        // Finished turns, as the bucket holds them after a long life.
-        let chat = ChatId::new("stored")?;
-        let template = lifecycle::create(
-            NewTurn {
-                turn: TurnId::for_message(&chat, "x"),
-                message: inbound(&chat, "x", "an old question"),
-                history: vec![],
-                max_turn_retry: 3,
-                retry_delay: Duration::from_secs(10),
-                rerun_of: None,
-                created_by: None,
-                admit_now: true,
-            },
-            Timestamp(1_800_000_000_000),
-        )
-        .0;
-        let mut handles = Vec::new();
-        for w in 0..16 {
-            let kv = stack.bus.turns.clone();
-            let mut rec = template.clone();
-            handles.push(tokio::spawn(async move {
-                for i in (w..stored).step_by(16) {
-                    rec.turn = TurnId::for_message(&rec.chat, &format!("old-{i}"));
-                    rec.state = turnpike_core::TurnState::Done;
-                    let bytes = bytes::Bytes::from(serde_json::to_vec(&rec)?);
-                    kv.put(rec.turn.as_str(), bytes).await?;
-                }
-                Ok::<_, anyhow::Error>(())
-            }));
-        }
-        for h in handles {
-            h.await??;
-        }
+        fill_finished_turns(&stack.bus, stored).await?;
         let info = stack
             .bus
             .js
@@ -538,4 +506,44 @@ pub fn plots(
         root.present()?;
     }
     Ok(vec![lat_path, tp_path])
+}
+
+/// `stored` finished turns in the turns bucket (16 writers), as it holds them after a long life.
+pub(crate) async fn fill_finished_turns(
+    bus: &turnpike_jetstream::Bus,
+    stored: usize,
+) -> Result<()> {
+    let chat = ChatId::new("stored")?;
+    let template = lifecycle::create(
+        NewTurn {
+            turn: TurnId::for_message(&chat, "x"),
+            message: inbound(&chat, "x", "an old question"),
+            history: vec![],
+            max_turn_retry: 3,
+            retry_delay: Duration::from_secs(10),
+            rerun_of: None,
+            created_by: None,
+            admit_now: true,
+        },
+        Timestamp(1_800_000_000_000),
+    )
+    .0;
+    let mut handles = Vec::new();
+    for w in 0..16 {
+        let kv = bus.turns.clone();
+        let mut rec = template.clone();
+        handles.push(tokio::spawn(async move {
+            for i in (w..stored).step_by(16) {
+                rec.turn = TurnId::for_message(&rec.chat, &format!("old-{i}"));
+                rec.state = turnpike_core::TurnState::Done;
+                let bytes = bytes::Bytes::from(serde_json::to_vec(&rec)?);
+                kv.put(rec.turn.as_str(), bytes).await?;
+            }
+            Ok::<_, anyhow::Error>(())
+        }));
+    }
+    for h in handles {
+        h.await??;
+    }
+    Ok(())
 }

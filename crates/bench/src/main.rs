@@ -13,6 +13,7 @@
 //! (`census`), not a hand count.
 
 mod census;
+mod dashboard;
 mod extra;
 
 use anyhow::{Context, Result};
@@ -62,6 +63,11 @@ enum What {
     Retry,
     /// Only measurement 4 (the coordinator's cost per event with 1k, 10k, 100k stored turns).
     Scale,
+    /// Only measurement 5 (the dashboard's page time with stored turns), printed.
+    Dashboard {
+        #[arg(long, default_value_t = 100_000)]
+        stored: usize,
+    },
     /// Count the JetStream operations `turns` turns cost, by kind, on the wire.
     Census {
         #[arg(long, default_value_t = 200)]
@@ -113,6 +119,13 @@ fn main() -> Result<()> {
                 retry_path(&mut out).await?;
                 extra::coordinator_kill(&mut out).await
             })?;
+            print!("{out}");
+            Ok(())
+        }
+        What::Dashboard { stored } => {
+            let rt = runtime()?;
+            let mut out = String::new();
+            rt.block_on(dashboard::page_time(&mut out, stored))?;
             print!("{out}");
             Ok(())
         }
@@ -752,6 +765,7 @@ async fn all(turns: usize, plot_dir: &std::path::Path) -> Result<String> {
     retry_path(&mut out).await?;
     extra::coordinator_kill(&mut out).await?;
     extra::scale(&mut out).await?;
+    dashboard::page_time(&mut out, 100_000).await?;
     codecs(&mut out)?;
     let throughput = runner_scaling(&mut out).await?;
     let latency = latency_vs_load(&mut out).await?;

@@ -372,3 +372,70 @@ impl Drop for CutProxy {
         self.accept.abort();
     }
 }
+
+/// One HTTP/1.1 exchange on a fresh connection (`Connection: close`): status, headers (lower-cased
+/// names) and body. For the dashboard's tests, which need no client library beyond this.
+pub async fn http(
+    base: &str,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> (u16, Vec<(String, String)>, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let authority = base.strip_prefix("http://").expect("an http:// base");
+    let mut stream = tokio::net::TcpStream::connect(authority)
+        .await
+        .expect("connect to the dashboard");
+    let mut req = format!("{method} {path} HTTP/1.1\r\nHost: {authority}\r\nConnection: close\r\n");
+    for (k, v) in headers {
+        req.push_str(&format!("{k}: {v}\r\n"));
+    }
+    if !body.is_empty() {
+        req.push_str("Content-Type: application/x-www-form-urlencoded\r\n");
+    }
+    req.push_str(&format!("Content-Length: {}\r\n\r\n{body}", body.len()));
+    stream.write_all(req.as_bytes()).await.expect("send");
+    let mut raw = Vec::new();
+    tokio::time::timeout(Duration::from_secs(30), stream.read_to_end(&mut raw))
+        .await
+        .expect("the dashboard answers within 30 s")
+        .expect("read");
+    let text = String::from_utf8_lossy(&raw).into_owned();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let mut lines = head.lines();
+    let status = lines
+        .next()
+        .and_then(|l| l.split(' ').nth(1))
+        .and_then(|s| s.parse().ok())
+        .expect("a status line");
+    let headers = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_owned()))
+        .collect();
+    // Chunked bodies (the pages) are de-chunked well enough for `contains` checks: chunk sizes
+    // stay in the text, the content is whole.
+    (status, headers, body.to_owned())
+}
+
+/// The value of `name="csrf"` on a dashboard page.
+pub fn csrf_of(page: &str) -> String {
+    let at = page
+        .find("name=\"csrf\" value=\"")
+        .expect("a CSRF field on the page")
+        + 19;
+    page[at..].split('"').next().expect("its value").to_owned()
+}
+
+/// Log in to a dashboard; returns the `Cookie` header value of the session.
+pub async fn dashboard_login(base: &str, user: &str, password: &str) -> String {
+    let body = format!("user={user}&password={}&next=/", password.replace(' ', "+"));
+    let (status, headers, _) = http(base, "POST", "/login", &[("Origin", base)], &body).await;
+    assert_eq!(status, 303, "login as {user}");
+    let set = headers
+        .iter()
+        .find(|(k, _)| k == "set-cookie")
+        .map(|(_, v)| v.clone())
+        .expect("a session cookie");
+    set.split(';').next().expect("name=value").to_owned()
+}

@@ -1,0 +1,200 @@
+//! Measurement 5: the dashboard's page time with many stored turns, each page beside the same
+//! reads made by a bare client (the dashboard's own `read` functions, no HTTP, no HTML), so what
+//! the page adds over its reads is visible.
+
+use anyhow::{Context, Result};
+use std::fmt::Write as _;
+use std::future::Future;
+use std::time::{Duration, Instant};
+use tokio_util::sync::CancellationToken;
+use turnpike_core::wire::{ChatError, ChatRecord};
+use turnpike_core::{ChatId, Timestamp, TurnId, FORMAT_VERSION};
+use turnpike_dashboard::{read, Access, Dashboard, SessionKey, Users};
+use turnpike_jetstream::Bus;
+use turnpike_testkit::{dashboard_login, http};
+
+use crate::{ms, percentile, send, Stack};
+
+/// Chats in the bucket, every tenth flagged errored; turns live (hanging) while pages are read.
+const CHATS: usize = 2_000;
+const LIVE: usize = 40;
+const WARM: usize = 10;
+const SAMPLES: usize = 100;
+
+async fn timed<F, Fut>(n: usize, mut f: F) -> Result<Vec<Duration>>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<()>>,
+{
+    for _ in 0..WARM {
+        f().await?;
+    }
+    let mut out = Vec::with_capacity(n);
+    for _ in 0..n {
+        let t = Instant::now();
+        f().await?;
+        out.push(t.elapsed());
+    }
+    out.sort();
+    Ok(out)
+}
+
+async fn page(base: &str, cookie: &str, path: &str) -> Result<()> {
+    let (status, _, _) = http(base, "GET", path, &[("Cookie", cookie)], "").await;
+    anyhow::ensure!(status == 200, "GET {path}: {status}");
+    Ok(())
+}
+
+pub async fn page_time(out: &mut String, stored: usize) -> Result<()> {
+    let stack = Stack::start(1, |c| c.runner_slots = 4).await?;
+    crate::extra::fill_finished_turns(&stack.bus, stored).await?;
+    for i in 0..CHATS {
+        let chat = ChatId::new(format!("c-{i}"))?;
+        let rec = ChatRecord {
+            v: FORMAT_VERSION,
+            chat: chat.clone(),
+            live: None,
+            waiting: vec![],
+            history: vec![],
+            history_dropped: 0,
+            inbound_seq: 0,
+            errored: (i % 10 == 0).then(|| ChatError {
+                turn: TurnId::for_message(&chat, "x"),
+                at: Timestamp(1_800_000_000_000),
+                reason: "gave up after 3 attempts".into(),
+            }),
+            cleared: vec![],
+        };
+        stack
+            .bus
+            .chats
+            .put(chat.as_str(), serde_json::to_vec(&rec)?.into())
+            .await?;
+    }
+    let mut hanging = Vec::new();
+    for i in 0..LIVE {
+        hanging.push(send(&stack.bus, &ChatId::new(format!("live-{i}"))?, "m", "hang").await?);
+    }
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while read::live_ids(&stack.bus).await?.len() < LIVE {
+        anyhow::ensure!(Instant::now() < deadline, "live turns did not appear");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    let users = Users::default().with("bench", turnpike_dashboard::hash_password("bench")?);
+    let access = Access {
+        users,
+        key: SessionKey::random()?,
+        session_ttl: Duration::from_secs(3600),
+    };
+    let listener = Dashboard::bind("127.0.0.1:0").await?;
+    let base = format!("http://{}", listener.local_addr()?);
+    let stop = CancellationToken::new();
+    let dashboard = Dashboard::new(stack.bus.clone(), stack.config.clone(), access)?;
+    let serving = tokio::spawn(dashboard.serve(listener, stop.clone()));
+    let cookie = dashboard_login(&base, "bench", "bench").await;
+
+    let bus: &Bus = &stack.bus;
+    let old = TurnId::for_message(&ChatId::new("stored")?, "old-777");
+    let chat0 = ChatId::new("live-0")?;
+    let turn_path = format!("/turns/{old}");
+    let chat_path = format!("/chats/{chat0}");
+    let rows: Vec<(&str, Vec<Duration>, Vec<Duration>)> = vec![
+        (
+            "overview `/`",
+            timed(SAMPLES, || page(&base, &cookie, "/")).await?,
+            timed(SAMPLES, || async {
+                read::overview(bus).await.map(drop).map_err(Into::into)
+            })
+            .await?,
+        ),
+        (
+            "errored chats `/errored`",
+            timed(SAMPLES, || page(&base, &cookie, "/errored")).await?,
+            timed(SAMPLES, || async {
+                read::chats(bus).await.map(drop).map_err(Into::into)
+            })
+            .await?,
+        ),
+        (
+            "live turns `/live`",
+            timed(SAMPLES, || page(&base, &cookie, "/live")).await?,
+            timed(SAMPLES, || async {
+                let ids = read::live_ids(bus).await?;
+                read::turns(bus, &ids).await.map(drop).map_err(Into::into)
+            })
+            .await?,
+        ),
+        (
+            "turn `/turns/<id>`",
+            timed(SAMPLES, || page(&base, &cookie, &turn_path)).await?,
+            timed(SAMPLES, || async {
+                read::turn(bus, &old).await?;
+                read::reruns(bus, &old, 20)
+                    .await
+                    .map(drop)
+                    .map_err(Into::into)
+            })
+            .await?,
+        ),
+        (
+            "runners `/runners`",
+            timed(SAMPLES, || page(&base, &cookie, "/runners")).await?,
+            timed(SAMPLES, || async {
+                read::runners(bus).await.map(drop).map_err(Into::into)
+            })
+            .await?,
+        ),
+        (
+            "chat `/chats/<id>`",
+            timed(SAMPLES, || page(&base, &cookie, &chat_path)).await?,
+            timed(SAMPLES, || async {
+                read::chat(bus, &chat0).await?;
+                let ids = read::recent_turn_ids(bus, &chat0, 20).await?;
+                read::turns(bus, &ids).await.map(drop).map_err(Into::into)
+            })
+            .await?,
+        ),
+    ];
+    stop.cancel();
+    serving.await?.context("dashboard")?;
+    for t in &hanging {
+        let _ = bus
+            .client
+            .request(
+                turnpike_core::subjects::OPS_KILL,
+                serde_json::to_vec(&serde_json::json!({"by": "bench", "turn": t}))?.into(),
+            )
+            .await;
+    }
+    stack.stop().await;
+
+    writeln!(
+        out,
+        "\n### 5. Dashboard page time with {stored} stored turns\n\n\
+         {CHATS} chats ({} flagged errored), {LIVE} live turns, one runner; {SAMPLES} requests per page \
+         after {WARM} warm-up, one at a time over loopback (a new connection each). Beside each page, \
+         the same reads by a bare client (the dashboard's `read` functions, no HTTP or HTML). Goal: \
+         p95 ≤ 200 ms.\n\n\
+         | page | p50 | p95 | bare reads p50 | bare reads p95 |\n|---|---|---|---|---|",
+        CHATS / 10
+    )?;
+    for (name, page, bare) in &rows {
+        writeln!(
+            out,
+            "| {name} | {} | {} | {} | {} |",
+            ms(percentile(page, 0.5)),
+            ms(percentile(page, 0.95)),
+            ms(percentile(bare, 0.5)),
+            ms(percentile(bare, 0.95)),
+        )?;
+    }
+    writeln!(
+        out,
+        "\nThe overview's reads include a 50 ms wait for more coordinators to answer the stats \
+         request (each answers at once; the wait ends the collection). No page reads the turns \
+         bucket as a whole: lists read the live index, the chats and runners buckets (one ordered \
+         pass each), a turn and its re-runs by key, and a chat's inbound tail backwards."
+    )?;
+    Ok(())
+}

@@ -1,4 +1,4 @@
-//! Measurement 5: the dashboard's page time with many stored turns, each page beside the same
+//! Measurement 7: the dashboard's page time with many stored turns, each page beside the same
 //! reads made by a bare client (the dashboard's own `read` functions, no HTTP, no HTML), so what
 //! the page adds over its reads is visible.
 
@@ -73,11 +73,24 @@ pub async fn page_time(out: &mut String, stored: usize) -> Result<()> {
     }
     let mut hanging = Vec::new();
     for i in 0..LIVE {
-        hanging.push(send(&stack.bus, &ChatId::new(format!("live-{i}"))?, "m", "hang").await?);
+        hanging.push(
+            send(
+                &stack.bus,
+                &ChatId::new(format!("live-{i}"))?,
+                &format!("hang-{i}"),
+                "hang",
+            )
+            .await?,
+        );
     }
     let deadline = Instant::now() + Duration::from_secs(60);
     while read::live_ids(&stack.bus).await?.len() < LIVE {
-        anyhow::ensure!(Instant::now() < deadline, "live turns did not appear");
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "live turns did not appear: {} of {LIVE} in the live index; the first is {:?}",
+            read::live_ids(&stack.bus).await?.len(),
+            read::turn(&stack.bus, &hanging[0]).await?.map(|r| r.state)
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 
@@ -171,7 +184,7 @@ pub async fn page_time(out: &mut String, stored: usize) -> Result<()> {
 
     writeln!(
         out,
-        "\n### 5. Dashboard page time with {stored} stored turns\n\n\
+        "\n### 7. Dashboard page time with {stored} stored turns\n\n\
          {CHATS} chats ({} flagged errored), {LIVE} live turns, one runner; {SAMPLES} requests per page \
          after {WARM} warm-up, one at a time over loopback (a new connection each). Beside each page, \
          the same reads by a bare client (the dashboard's `read` functions, no HTTP or HTML). Goal: \

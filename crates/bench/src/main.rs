@@ -63,7 +63,7 @@ enum What {
     Retry,
     /// Only measurement 4 (the coordinator's cost per event with 1k, 10k, 100k stored turns).
     Scale,
-    /// Only measurement 5 (the dashboard's page time with stored turns), printed.
+    /// Only measurement 7 (the dashboard's page time with stored turns), printed.
     Dashboard {
         #[arg(long, default_value_t = 100_000)]
         stored: usize,
@@ -765,10 +765,10 @@ async fn all(turns: usize, plot_dir: &std::path::Path) -> Result<String> {
     retry_path(&mut out).await?;
     extra::coordinator_kill(&mut out).await?;
     extra::scale(&mut out).await?;
-    dashboard::page_time(&mut out, 100_000).await?;
     codecs(&mut out)?;
     let throughput = runner_scaling(&mut out).await?;
     let latency = latency_vs_load(&mut out).await?;
+    dashboard::page_time(&mut out, 100_000).await?;
     match extra::plots(plot_dir, &latency, &throughput) {
         Ok(paths) => {
             let names: Vec<String> = paths

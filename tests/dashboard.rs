@@ -72,6 +72,14 @@ impl Drop for Driver {
 }
 
 async fn start_dashboard(p: &Pipeline) -> (String, CancellationToken) {
+    start_dashboard_with(p, p.config.clone(), "http").await
+}
+
+async fn start_dashboard_with(
+    p: &Pipeline,
+    config: turnpike_config::Config,
+    scheme: &str,
+) -> (String, CancellationToken) {
     let users = Users::default().with(
         OPERATOR,
         turnpike_dashboard::hash_password(PASSWORD).expect("hash"),
@@ -82,8 +90,8 @@ async fn start_dashboard(p: &Pipeline) -> (String, CancellationToken) {
         session_ttl: Duration::from_secs(3600),
     };
     let listener = Dashboard::bind("127.0.0.1:0").await.expect("bind");
-    let url = format!("http://{}", listener.local_addr().expect("addr"));
-    let dashboard = Dashboard::new(p.bus.clone(), p.config.clone(), access).expect("dashboard");
+    let url = format!("{scheme}://{}", listener.local_addr().expect("addr"));
+    let dashboard = Dashboard::new(p.bus.clone(), config, access).expect("dashboard");
     let token = CancellationToken::new();
     let t = token.clone();
     tokio::spawn(async move { dashboard.serve(listener, t).await.expect("serve") });
@@ -491,6 +499,96 @@ async fn the_dashboards_http_checks_hold() {
     assert!(metrics.contains("turnpike_runner_slots 2"), "{metrics}");
     assert!(metrics.contains("turnpike_coordinators 1"), "{metrics}");
 
+    stop.cancel();
+    p.stop().await;
+}
+
+/// Given a certificate, the dashboard speaks HTTPS only, and its session cookie is `Secure`.
+/// (The certificate is made by Debian's `openssl`; the client is `curl`, trusting only it.)
+// curl runs blocking on this thread: the dashboard needs threads of its own meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_dashboard_serves_https_when_given_a_certificate() {
+    init_logs();
+    let p = Pipeline::start(AGENT, |_| {}).await;
+    let dir = tempfile::tempdir().expect("dir");
+    let (cert, key) = (dir.path().join("cert.pem"), dir.path().join("key.pem"));
+    let made = Command::new("openssl")
+        .args([
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=127.0.0.1",
+        ])
+        .args(["-addext", "subjectAltName=IP:127.0.0.1", "-keyout"])
+        .arg(&key)
+        .arg("-out")
+        .arg(&cert)
+        .output()
+        .expect("openssl (Debian's openssl package) makes a certificate");
+    assert!(
+        made.status.success(),
+        "{}",
+        String::from_utf8_lossy(&made.stderr)
+    );
+    let mut config = p.config.clone();
+    config.dashboard_tls_cert = Some(cert.clone());
+    config.dashboard_tls_key = Some(key);
+    let (base, stop) = start_dashboard_with(&p, config, "https").await;
+    let curl = |args: Vec<String>| {
+        let out = Command::new("curl")
+            .args(["-s", "--max-time", "20", "--cacert"])
+            .arg(&cert)
+            .args(args)
+            .output()
+            .expect("curl");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let login = curl(vec![
+        "-i".into(),
+        "-H".into(),
+        format!("Origin: {base}"),
+        "--data".into(),
+        format!("user={OPERATOR}&password={}", PASSWORD.replace(' ', "+")),
+        format!("{base}/login"),
+    ]);
+    assert!(
+        login.starts_with("HTTP/1.1 303") || login.starts_with("HTTP/2 303"),
+        "{login}"
+    );
+    let cookie = login
+        .lines()
+        .find(|l| l.to_ascii_lowercase().starts_with("set-cookie:"))
+        .expect("a session cookie")
+        .to_owned();
+    assert!(
+        cookie.contains("; Secure") && cookie.contains("HttpOnly"),
+        "{cookie}"
+    );
+    // Plain HTTP on the same port is not served.
+    let plain = base.replacen("https://", "http://", 1);
+    let status = Command::new("curl")
+        .args([
+            "-s",
+            "--max-time",
+            "10",
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_code}",
+        ])
+        .arg(format!("{plain}/login"))
+        .output()
+        .expect("curl");
+    assert_ne!(
+        String::from_utf8_lossy(&status.stdout),
+        "200",
+        "plain HTTP must not be served"
+    );
     stop.cancel();
     p.stop().await;
 }

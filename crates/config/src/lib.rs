@@ -173,6 +173,10 @@ pub struct Config {
     /// Mark the session cookie `Secure` (set it when the dashboard is reached over HTTPS, e.g.
     /// behind a TLS-terminating proxy).
     pub dashboard_secure_cookie: bool,
+    /// Serve the dashboard over HTTPS with this certificate chain and key (PEM files); both or
+    /// neither. With TLS, the session cookie is `Secure`.
+    pub dashboard_tls_cert: Option<PathBuf>,
+    pub dashboard_tls_key: Option<PathBuf>,
     /// Where a coordinator serves its own counters and timings on `/metrics` (Prometheus text
     /// format), e.g. `0.0.0.0:9464`; off when unset.
     pub metrics_listen: Option<String>,
@@ -236,6 +240,8 @@ impl Default for Config {
             dashboard_session_key_file: None,
             dashboard_session_ttl: Duration::from_secs(12 * 3600),
             dashboard_secure_cookie: false,
+            dashboard_tls_cert: None,
+            dashboard_tls_key: None,
             metrics_listen: None,
             state_dir: None,
             log: "info".into(),

@@ -44,6 +44,8 @@ pub enum DashboardError {
     },
     #[error("the web server stopped: {0}")]
     Serve(#[source] std::io::Error),
+    #[error("dashboard TLS: {0}")]
+    Tls(String),
     #[error("cannot read {what}: {why}")]
     Read { what: String, why: String },
 }
@@ -113,12 +115,43 @@ impl Dashboard {
         if let Ok(addr) = listener.local_addr() {
             tracing::info!(%addr, "dashboard listening");
         }
-        axum::serve(
-            listener,
-            app.into_make_service_with_connect_info::<std::net::SocketAddr>(),
-        )
-        .with_graceful_shutdown(async move { shutdown.cancelled().await })
-        .await
-        .map_err(DashboardError::Serve)
+        let service = app.into_make_service_with_connect_info::<std::net::SocketAddr>();
+        let tls = match (
+            &self.state.config.dashboard_tls_cert,
+            &self.state.config.dashboard_tls_key,
+        ) {
+            (Some(cert), Some(key)) => Some((cert.clone(), key.clone())),
+            (None, None) => None,
+            _ => {
+                return Err(DashboardError::Tls(
+                    "set both dashboard_tls_cert and dashboard_tls_key".into(),
+                ))
+            }
+        };
+        let Some((cert, key)) = tls else {
+            return axum::serve(listener, service)
+                .with_graceful_shutdown(async move { shutdown.cancelled().await })
+                .await
+                .map_err(DashboardError::Serve);
+        };
+        // One crypto provider for the process (ring, as the NATS client uses).
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let config = axum_server::tls_rustls::RustlsConfig::from_pem_file(&cert, &key)
+            .await
+            .map_err(|e| {
+                DashboardError::Tls(format!("{} / {}: {e}", cert.display(), key.display()))
+            })?;
+        let handle = axum_server::Handle::new();
+        let h = handle.clone();
+        tokio::spawn(async move {
+            shutdown.cancelled().await;
+            h.graceful_shutdown(Some(Duration::from_secs(5)));
+        });
+        let listener = listener.into_std().map_err(DashboardError::Serve)?;
+        axum_server::from_tcp_rustls(listener, config)
+            .handle(handle)
+            .serve(service)
+            .await
+            .map_err(DashboardError::Serve)
     }
 }

@@ -267,11 +267,12 @@ pub(super) async fn login(
         Err(e) => return (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
     };
     tracing::info!(user = %form.user, "dashboard login");
-    let secure = if state.config.dashboard_secure_cookie {
-        "; Secure"
-    } else {
-        ""
-    };
+    let secure =
+        if state.config.dashboard_secure_cookie || state.config.dashboard_tls_cert.is_some() {
+            "; Secure"
+        } else {
+            ""
+        };
     let set = format!(
         "{SESSION_COOKIE}={cookie}; Path=/; HttpOnly; SameSite=Strict; Max-Age={}{secure}",
         state.access.session_ttl.as_secs()

@@ -98,7 +98,15 @@ pub fn router(state: Shared) -> Router {
 
 const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'";
 
-async fn security_headers(req: Request, next: Next) -> Response {
+async fn security_headers(mut req: Request, next: Next) -> Response {
+    // HTTP/2 (over TLS) names the host in the URI, not a Host header: the origin check reads
+    // the header, so give it one.
+    if !req.headers().contains_key(header::HOST) {
+        let authority = req.uri().authority().map(|a| a.as_str().to_owned());
+        if let Some(v) = authority.and_then(|a| HeaderValue::from_str(&a).ok()) {
+            req.headers_mut().insert(header::HOST, v);
+        }
+    }
     let mut res = next.run(req).await;
     let h = res.headers_mut();
     h.insert(

@@ -160,10 +160,11 @@ async fn role_bus(
     }
 }
 
-/// A coordinator's `/metrics` on `metrics_listen`, when set.
+/// This process's `/metrics` on `metrics_listen`, when set: the text expositions of `parts`,
+/// joined (one `# EOF` at the end).
 async fn serve_metrics(
     config: &Config,
-    counters: std::sync::Arc<turnpike_coordinator::Counters>,
+    parts: Vec<Box<dyn Fn() -> Result<String, std::fmt::Error> + Send + Sync>>,
     shutdown: &CancellationToken,
 ) -> Result<()> {
     let Some(listen) = &config.metrics_listen else {
@@ -171,7 +172,13 @@ async fn serve_metrics(
     };
     let listener = turnpike_dashboard::Dashboard::bind(listen).await?;
     let render: turnpike_dashboard::metrics::Render = std::sync::Arc::new(move || {
-        turnpike_coordinator::metrics::render(&counters).map_err(|e| e.to_string())
+        let mut out = String::new();
+        for part in &parts {
+            let text = part().map_err(|e| e.to_string())?;
+            out.push_str(text.strip_suffix("# EOF\n").unwrap_or(&text));
+        }
+        out.push_str("# EOF\n");
+        Ok(out)
     });
     let token = shutdown.clone();
     tokio::spawn(async move {
@@ -263,9 +270,15 @@ async fn run(command: Command, config: Config, json: bool) -> Result<std::proces
             let Some(bus) = role_bus(&config, "turnpike-dispatcher", &shutdown).await? else {
                 return Ok(ExitCode::SUCCESS);
             };
-            turnpike_dispatcher::Dispatcher::new(bus, config)
-                .run(shutdown)
-                .await?;
+            let dispatcher = turnpike_dispatcher::Dispatcher::new(bus, config.clone());
+            let counters = dispatcher.counters();
+            serve_metrics(
+                &config,
+                vec![Box::new(move || counters.render())],
+                &shutdown,
+            )
+            .await?;
+            dispatcher.run(shutdown).await?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Coordinator => {
@@ -275,7 +288,15 @@ async fn run(command: Command, config: Config, json: bool) -> Result<std::proces
                 return Ok(ExitCode::SUCCESS);
             };
             let coordinator = turnpike_coordinator::Coordinator::new(bus, &config);
-            serve_metrics(&config, coordinator.counters(), &shutdown).await?;
+            let counters = coordinator.counters();
+            serve_metrics(
+                &config,
+                vec![Box::new(move || {
+                    turnpike_coordinator::metrics::render(&counters)
+                })],
+                &shutdown,
+            )
+            .await?;
             coordinator.run(shutdown).await?;
             Ok(ExitCode::SUCCESS)
         }
@@ -285,10 +306,10 @@ async fn run(command: Command, config: Config, json: bool) -> Result<std::proces
             let Some(bus) = role_bus(&config, "turnpike-runner", &shutdown).await? else {
                 return Ok(ExitCode::SUCCESS);
             };
-            turnpike_runner::Runner::new(bus, config)
-                .await?
-                .run(shutdown)
-                .await?;
+            let runner = turnpike_runner::Runner::new(bus, config.clone()).await?;
+            let metrics = runner.metrics();
+            serve_metrics(&config, vec![Box::new(move || metrics.render())], &shutdown).await?;
+            runner.run(shutdown).await?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Send {

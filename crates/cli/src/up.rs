@@ -56,26 +56,33 @@ pub async fn run(mut config: Config, demo: bool) -> Result<ExitCode> {
         crate::shutdown_on_signal()
     };
     let mut roles = tokio::task::JoinSet::new();
+    // Every role's metrics, on one `metrics_listen` for the whole process.
+    let mut metrics: Vec<Box<dyn Fn() -> Result<String, std::fmt::Error> + Send + Sync>> =
+        Vec::new();
     {
-        let (bus, config, token) = (bus.clone(), config.clone(), shutdown.clone());
-        roles.spawn(async move {
-            turnpike_dispatcher::Dispatcher::new(bus, config)
-                .run(token)
-                .await
-                .map_err(anyhow::Error::from)
-        });
+        let dispatcher = turnpike_dispatcher::Dispatcher::new(bus.clone(), config.clone());
+        let counters = dispatcher.counters();
+        metrics.push(Box::new(move || counters.render()));
+        let token = shutdown.clone();
+        roles.spawn(async move { dispatcher.run(token).await.map_err(anyhow::Error::from) });
     }
     {
         let coordinator = turnpike_coordinator::Coordinator::new(bus.clone(), &config);
-        crate::serve_metrics(&config, coordinator.counters(), &shutdown).await?;
+        let counters = coordinator.counters();
+        metrics.push(Box::new(move || {
+            turnpike_coordinator::metrics::render(&counters)
+        }));
         let token = shutdown.clone();
         roles.spawn(async move { coordinator.run(token).await.map_err(anyhow::Error::from) });
     }
     {
         let runner = turnpike_runner::Runner::new(bus.clone(), config.clone()).await?;
+        let runner_metrics = runner.metrics();
+        metrics.push(Box::new(move || runner_metrics.render()));
         let token = shutdown.clone();
         roles.spawn(async move { runner.run(token).await.map_err(anyhow::Error::from) });
     }
+    crate::serve_metrics(&config, metrics, &shutdown).await?;
 
     // The dashboard, except in the demo (which exits when its script ends).
     let mut dashboard_login = None;

@@ -212,9 +212,13 @@ async fn turnpike_up_runs_the_pipeline_and_stops_cleanly_on_ctrl_c() {
         .expect("free port")
         .port();
     let url = format!("nats://127.0.0.1:{port}");
+    let dashboard = format!("127.0.0.1:{}", turnpike_testkit::free_port());
+    let metrics = format!("127.0.0.1:{}", turnpike_testkit::free_port());
     let mut up = tokio::process::Command::new(TURNPIKE)
         .arg("up")
         .env("TURNPIKE_NATS_URL", &url)
+        .env("TURNPIKE_DASHBOARD_LISTEN", &dashboard)
+        .env("TURNPIKE_METRICS_LISTEN", &metrics)
         .env("TURNPIKE_STATE_DIR", state.path())
         .env("TURNPIKE_LOG", "warn")
         .stdout(std::process::Stdio::piped())
@@ -242,6 +246,24 @@ async fn turnpike_up_runs_the_pipeline_and_stops_cleanly_on_ctrl_c() {
     })
     .await;
     assert!(stdout(&o).contains("bot: up and running"));
+    // The dashboard is up beside it, and every role's counters are on one /metrics.
+    let (status, _, _) =
+        turnpike_testkit::http(&format!("http://{dashboard}"), "GET", "/healthz", &[], "").await;
+    assert_eq!(status, 200);
+    let (status, _, text) =
+        turnpike_testkit::http(&format!("http://{metrics}"), "GET", "/metrics", &[], "").await;
+    assert_eq!(status, 200);
+    // (`send` may have been tried more than once while `up` was starting: at least one each.)
+    let value = |series: &str| -> f64 {
+        text.lines()
+            .find_map(|l| l.strip_prefix(series).and_then(|v| v.trim().parse().ok()))
+            .unwrap_or_else(|| panic!("{series} missing in:\n{text}"))
+    };
+    assert!(value("turnpike_turns_created_total ") >= 1.0);
+    assert!(value("turnpike_turns_ended_total{state=\"done\"} ") >= 1.0);
+    assert_eq!(value("turnpike_runner_slots "), 2.0);
+    assert!(value("turnpike_attempt_duration_seconds_count{exit_class=\"clean\"} ") >= 1.0);
+    assert_eq!(text.matches("# EOF").count(), 1, "{text}");
     // Ctrl-C (SIGINT) stops every role and nats-server, and exits 0.
     let pid = up.id().expect("pid").to_string();
     let killed = std::process::Command::new("kill")

@@ -177,8 +177,8 @@ pub struct Config {
     /// neither. With TLS, the session cookie is `Secure`.
     pub dashboard_tls_cert: Option<PathBuf>,
     pub dashboard_tls_key: Option<PathBuf>,
-    /// Where a coordinator serves its own counters and timings on `/metrics` (Prometheus text
-    /// format), e.g. `0.0.0.0:9464`; off when unset.
+    /// Where a role serves its own `/metrics` (Prometheus text format), e.g. `0.0.0.0:9464`;
+    /// off when unset. `turnpike up` serves all its roles' there.
     pub metrics_listen: Option<String>,
 
     // --- Local pipeline (`turnpike up`) -------------------------------------------------------

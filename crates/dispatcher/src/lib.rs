@@ -19,6 +19,41 @@ use turnpike_jetstream::{dead_letter, decode, now, Bus, BusError};
 pub struct Dispatcher {
     bus: Bus,
     config: Config,
+    counters: Arc<Counters>,
+}
+
+/// What this dispatcher did since it started (its `/metrics` on `metrics_listen`).
+#[derive(Debug, Default)]
+pub struct Counters {
+    pub turns_created: std::sync::atomic::AtomicU64,
+    pub messages_refused: std::sync::atomic::AtomicU64,
+}
+
+impl Counters {
+    /// The Prometheus text exposition.
+    pub fn render(&self) -> Result<String, std::fmt::Error> {
+        use prometheus_client::metrics::counter::Counter;
+        let mut registry = prometheus_client::registry::Registry::with_prefix("turnpike");
+        for (name, help, n) in [
+            (
+                "turns_created",
+                "Inbound messages that became turns",
+                &self.turns_created,
+            ),
+            (
+                "messages_refused",
+                "Inbound messages refused (dead letter and notice)",
+                &self.messages_refused,
+            ),
+        ] {
+            let c = Counter::<u64>::default();
+            c.inc_by(n.load(std::sync::atomic::Ordering::Relaxed));
+            registry.register(name, help, c);
+        }
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &registry)?;
+        Ok(out)
+    }
 }
 
 /// Tries of a transient failure in place, in the chat's lane, before the message is NAK'd.
@@ -44,8 +79,16 @@ async fn lane(dispatcher: Arc<Dispatcher>, mut rx: mpsc::UnboundedReceiver<Messa
 }
 
 impl Dispatcher {
+    pub fn counters(&self) -> Arc<Counters> {
+        self.counters.clone()
+    }
+
     pub fn new(bus: Bus, config: Config) -> Self {
-        Dispatcher { bus, config }
+        Dispatcher {
+            bus,
+            config,
+            counters: Arc::default(),
+        }
     }
 
     pub async fn run(self, shutdown: CancellationToken) -> Result<(), BusError> {
@@ -188,6 +231,9 @@ impl Dispatcher {
     /// Refused input is recorded as a dead letter with the reason, counted taken in its chat
     /// (so the chat's later messages go), then acknowledged.
     async fn refuse(&self, msg: &Message, reason: String) {
+        self.counters
+            .messages_refused
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         dead_letter(
             &self.bus.js,
             "dispatcher",
@@ -248,6 +294,9 @@ impl Dispatcher {
         let (current, created) = turns::create_in_chat(&self.bus, record, seq).await?;
         if created {
             info!(max_attempts = current.record.max_attempts, "turn created");
+            self.counters
+                .turns_created
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         } else {
             debug!("replayed message: turn exists");
         }

@@ -47,6 +47,34 @@ pub struct Runner {
     inner: Arc<Inner>,
 }
 
+/// A runner's `/metrics` (on `metrics_listen`): its slots and the attempts running now.
+#[derive(Clone)]
+pub struct RunnerMetrics(Arc<Inner>);
+
+impl RunnerMetrics {
+    pub fn render(&self) -> Result<String, std::fmt::Error> {
+        use prometheus_client::metrics::gauge::Gauge;
+        let mut registry = prometheus_client::registry::Registry::with_prefix("turnpike");
+        let slots = self.0.config.runner_slots;
+        let running = self.0.running.load(std::sync::atomic::Ordering::Relaxed);
+        for (name, help, n) in [
+            ("runner_slots", "Attempts this runner runs at once", slots),
+            (
+                "runner_slots_in_use",
+                "Attempts this runner runs now",
+                running.min(slots),
+            ),
+        ] {
+            let g = Gauge::<i64>::default();
+            g.set(i64::from(n));
+            registry.register(name, help, g);
+        }
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &registry)?;
+        Ok(out)
+    }
+}
+
 /// The runner id: configured, or the host name.
 pub fn runner_id(config: &Config) -> RunnerId {
     match &config.runner_id {
@@ -56,6 +84,10 @@ pub fn runner_id(config: &Config) -> RunnerId {
 }
 
 impl Runner {
+    pub fn metrics(&self) -> RunnerMetrics {
+        RunnerMetrics(self.inner.clone())
+    }
+
     pub async fn new(bus: Bus, config: Config) -> Result<Runner, RunnerError> {
         let id = runner_id(&config);
         let backend = match config.runner_backend {

@@ -65,12 +65,7 @@ impl Timings {
     pub fn observe(&self, record: &TurnRecord, event: &Event) {
         match event {
             Event::Exited { attempt, report } => {
-                let started = record
-                    .attempts
-                    .iter()
-                    .find(|a| a.n == *attempt)
-                    .and_then(|a| a.started_at);
-                if let Some(s) = started {
+                if let Some(s) = attempt_of(record, *attempt).and_then(|a| a.started_at) {
                     let secs = report.ended_at.millis().saturating_sub(s.millis()) as f64 / 1000.0;
                     self.attempt_duration
                         .get_or_create(&ExitLabel {
@@ -84,12 +79,7 @@ impl Timings {
                 published_at,
                 ..
             } => {
-                let due = record
-                    .attempts
-                    .iter()
-                    .find(|a| a.n == *attempt)
-                    .and_then(|a| a.due_at);
-                if let Some(due) = due {
+                if let Some(due) = attempt_of(record, *attempt).and_then(|a| a.due_at) {
                     // Early is not possible by construction; late is what the histogram shows.
                     let late = published_at.millis().saturating_sub(due.millis()) as f64 / 1000.0;
                     self.retry_delay_error.observe(late);
@@ -98,6 +88,10 @@ impl Timings {
             _ => {}
         }
     }
+}
+
+fn attempt_of(record: &TurnRecord, n: u32) -> Option<&turnpike_core::lifecycle::AttemptRecord> {
+    record.attempts.iter().find(|a| a.n == n)
 }
 
 /// The text exposition of `counters` (and its timings).

@@ -298,19 +298,14 @@ pub fn live(
 
 /// List filters from the query string.
 #[derive(Debug, Default, Clone, serde::Deserialize)]
+#[serde(default)]
 pub struct Filter {
-    #[serde(default)]
     pub chat: Option<String>,
-    #[serde(default)]
     pub state: Option<String>,
     /// Only items newer than this many minutes.
-    #[serde(default)]
     pub within_min: Option<u64>,
-    #[serde(default)]
     pub page: Option<usize>,
-    #[serde(default)]
     pub msg: Option<String>,
-    #[serde(default)]
     pub ok: Option<bool>,
 }
 

@@ -148,50 +148,24 @@ async fn act(
     ops(state, subject, &s.user, turn, chat, &back).await
 }
 
-fn turn_target(id: &str) -> Option<Target> {
-    TurnId::new(id).ok().map(Target::Turn)
-}
-
-pub(super) async fn kill(
+/// `POST /turns/<id>/kill`, `/turns/<id>/rerun`, `/chats/<id>/clear`.
+pub(super) async fn action(
     AxState(state): AxState<Shared>,
     headers: HeaderMap,
-    Path(id): Path<String>,
+    Path((kind, id, verb)): Path<(String, String, String)>,
     Form(form): Form<ActionForm>,
 ) -> Response {
-    act(
-        &state,
-        &headers,
-        &form,
-        subjects::OPS_KILL,
-        turn_target(&id),
-    )
-    .await
-}
-
-pub(super) async fn rerun(
-    AxState(state): AxState<Shared>,
-    headers: HeaderMap,
-    Path(id): Path<String>,
-    Form(form): Form<ActionForm>,
-) -> Response {
-    act(
-        &state,
-        &headers,
-        &form,
-        subjects::OPS_RERUN,
-        turn_target(&id),
-    )
-    .await
-}
-
-pub(super) async fn clear(
-    AxState(state): AxState<Shared>,
-    headers: HeaderMap,
-    Path(id): Path<String>,
-    Form(form): Form<ActionForm>,
-) -> Response {
-    let target = ChatId::new(id.as_str()).ok().map(Target::Chat);
-    act(&state, &headers, &form, subjects::OPS_CLEAR, target).await
+    let turn = || TurnId::new(id.as_str()).ok().map(Target::Turn);
+    let (subject, target) = match (kind.as_str(), verb.as_str()) {
+        ("turns", "kill") => (subjects::OPS_KILL, turn()),
+        ("turns", "rerun") => (subjects::OPS_RERUN, turn()),
+        ("chats", "clear") => (
+            subjects::OPS_CLEAR,
+            ChatId::new(id.as_str()).ok().map(Target::Chat),
+        ),
+        _ => return StatusCode::NOT_FOUND.into_response(),
+    };
+    act(&state, &headers, &form, subject, target).await
 }
 
 #[derive(Deserialize)]

@@ -55,7 +55,7 @@ impl State {
 
 pub(super) type Shared = Arc<State>;
 
-use forms::{clear, kill, login, login_page, logout, rerun};
+use forms::{action, login, login_page, logout};
 use views::{chat, errored, live, overview, runners, turn};
 
 pub fn router(state: Shared) -> Router {
@@ -66,9 +66,7 @@ pub fn router(state: Shared) -> Router {
         .route("/runners", get(runners))
         .route("/turns/{id}", get(turn))
         .route("/chats/{id}", get(chat))
-        .route("/turns/{id}/kill", post(kill))
-        .route("/turns/{id}/rerun", post(rerun))
-        .route("/chats/{id}/clear", post(clear))
+        .route("/{kind}/{id}/{verb}", post(action))
         .route("/events", get(events))
         .route("/login", get(login_page).post(login))
         .route("/logout", post(logout))

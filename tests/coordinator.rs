@@ -633,6 +633,18 @@ async fn counters_are_served_to_operators() {
         "{s:?}"
     );
     assert_eq!(s.retries_scheduled, 1);
+    // All of it happened within the last hour.
+    let h = s.last_hour;
+    assert_eq!(
+        (
+            h.turns_done,
+            h.turns_gave_up,
+            h.silent_turns,
+            h.retries_scheduled
+        ),
+        (2, 1, 1, 1),
+        "{h:?}"
+    );
     assert!(stats.live.is_empty(), "{:?}", stats.live);
     // The standard service API shows the same counters.
     let reply = p

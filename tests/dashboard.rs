@@ -121,17 +121,22 @@ async fn wait_for(c: &Client, css: &str) -> fantoccini::elements::Element {
 async fn wait_gone(c: &Client, css: &str) {
     let c = c.clone();
     let css = css.to_owned();
-    eventually(WAIT, &format!("{css} to leave the page"), || {
-        let (c, css) = (c.clone(), css.clone());
-        async move {
-            c.find_all(Locator::Css(&css))
-                .await
-                .ok()
-                .filter(|v| v.is_empty())
-                .map(|_| ())
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        if c.find_all(Locator::Css(&css))
+            .await
+            .is_ok_and(|v| v.is_empty())
+        {
+            return;
         }
-    })
-    .await;
+        if tokio::time::Instant::now() >= deadline {
+            let live = c
+                .execute("const s = window.turnpikeLive || {}; return JSON.stringify({events: s.events, redraws: s.redraws, failures: s.failures, es: s.source && s.source.readyState, url: location.href});", vec![])
+                .await;
+            panic!("{css} still on the page after {WAIT:?}; live view: {live:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 /// Marks the loaded document; `still_same_document` is true only if it was never reloaded.
@@ -147,8 +152,22 @@ async fn still_same_document(c: &Client) -> bool {
         == json!(true)
 }
 
+/// Click `css`; a live re-draw may replace the element between finding and clicking it (a stale
+/// element), so find it again until the click lands.
+async fn click(c: &Client, css: &str) {
+    let (c, css) = (c.clone(), css.to_owned());
+    eventually(WAIT, &format!("a click on {css}"), || {
+        let (c, css) = (c.clone(), css.clone());
+        async move {
+            let el = c.find(Locator::Css(&css)).await.ok()?;
+            el.click().await.ok()
+        }
+    })
+    .await;
+}
+
 async fn click_and_answer(c: &Client, css: &str, accept: bool) -> String {
-    wait_for(c, css).await.click().await.expect("click");
+    click(c, css).await;
     let c2 = c.clone();
     let question = eventually(WAIT, "the confirm dialog", || {
         let c = c2.clone();
@@ -355,6 +374,8 @@ async fn an_operator_works_the_dashboard_in_a_real_browser() {
     // Narrow screens: the overview at 390 px.
     c.goto(&format!("{base}/")).await.expect("goto");
     wait_for(&c, "#done").await;
+    // The give-up above, counted in the last hour (the turn gave up well before this read).
+    assert_eq!(text(&c, "#gave-up").await, "1");
     screenshot(&c, "overview-1280").await;
     c.set_window_size(390, 844).await.expect("resize");
     screenshot(&c, "overview-390").await;

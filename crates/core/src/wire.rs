@@ -390,6 +390,23 @@ pub struct CountersSnapshot {
     pub queued_long: u64,
     pub events_applied: u64,
     pub events_unchanged: u64,
+    /// The same counts over the last hour, or since `window_start` when the process is younger.
+    pub last_hour: HourCounts,
+    /// Where `last_hour` starts (milliseconds since the epoch).
+    pub window_start_ms: u64,
+}
+
+/// Counts over a trailing hour (per process; add them over coordinators).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct HourCounts {
+    pub turns_done: u64,
+    pub turns_failed: u64,
+    pub turns_gave_up: u64,
+    pub turns_killed: u64,
+    pub silent_turns: u64,
+    pub retries_scheduled: u64,
+    pub runner_lost: u64,
 }
 
 /// Who did an operator action, and when.

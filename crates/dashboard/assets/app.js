@@ -36,6 +36,8 @@ document.addEventListener("submit", (ev) => {
   const watched = new Set((main.dataset.watch || "").split(" ").filter(Boolean));
   if (watched.size === 0) return;
   let pending = false, running = false;
+  // For operators' consoles and the browser tests: what the live view has seen.
+  const stats = (window.turnpikeLive = { events: 0, redraws: 0, failures: 0 });
   async function redraw() {
     pending = false;
     if (running) { pending = true; return; }
@@ -45,7 +47,9 @@ document.addEventListener("submit", (ev) => {
         headers: { "X-Turnpike-Fragment": "1" }, credentials: "same-origin",
       });
       if (r.status === 401) { location.reload(); return; }
+      if (!r.ok) stats.failures++;
       if (r.ok) {
+        stats.redraws++;
         const html = await r.text();
         // A form being filled in (a filter) is left alone.
         const focused = document.activeElement;
@@ -65,9 +69,17 @@ document.addEventListener("submit", (ev) => {
   window.addEventListener("pagehide", () => source.close());
   for (const bucket of watched) {
     source.addEventListener(bucket, () => {
+      stats.events++;
       if (!pending) { pending = true; setTimeout(redraw, 150); }
     });
   }
   // After a reconnect (a dashboard or NATS restart), changes may have been missed.
-  source.addEventListener("hello", () => { if (!pending) { pending = true; setTimeout(redraw, 0); } });
+  stats.source = source;
+  // A safety net, not the mechanism: should an event be lost (a connection slot not yet free,
+  // a watch re-opened), the page still converges within a few seconds.
+  setInterval(() => {
+    if (!pending && document.visibilityState === "visible") { pending = true; setTimeout(redraw, 0); }
+  }, 5000);
+  source.addEventListener("hello", () => {
+    stats.events++; if (!pending) { pending = true; setTimeout(redraw, 0); } });
 })();

@@ -155,25 +155,32 @@ pub struct Overview {
     pub errored_chats: usize,
 }
 
-pub fn overview(o: &Overview) -> Page {
+pub fn overview(o: &Overview, now: Timestamp) -> Page {
     let c = &o.counters;
+    let h = &c.last_hour;
+    // A coordinator younger than an hour has counted only since it started: say so.
+    let young = c.window_start_ms > now.millis().saturating_sub(3_600_000) + 60_000;
     let body = html! {
         h1 { "Overview" }
         section.cards {
-            div.card { h2 { "Turns ended" } p.small { "since the coordinators started (" (o.coordinators) " answering)" }
+            div.card { h2 { "Turns ended, last hour" }
+                p.small {
+                    (o.coordinators) " coordinator(s) answering"
+                    @if young { "; counted since " (time(Timestamp::from_millis(c.window_start_ms), now)) }
+                }
                 dl {
-                    dt { "done" } dd #done { (c.turns_done) }
-                    dt { "failed" } dd #failed { (c.turns_failed) }
-                    dt { "gave up" } dd #gave-up { (c.turns_gave_up) }
-                    dt { "killed" } dd #killed { (c.turns_killed) }
-                    dt { "silent" } dd #silent { (c.silent_turns) }
+                    dt { "done" } dd #done { (h.turns_done) }
+                    dt { "failed" } dd #failed { (h.turns_failed) }
+                    dt { "gave up" } dd #gave-up { (h.turns_gave_up) }
+                    dt { "killed" } dd #killed { (h.turns_killed) }
+                    dt { "silent" } dd #silent { (h.silent_turns) }
                 }
             }
-            div.card { h2 { "Retries" }
+            div.card { h2 { "Retries, last hour" }
                 dl {
-                    dt { "scheduled" } dd { (c.retries_scheduled) }
-                    dt { "runner-lost deaths" } dd { (c.runner_lost) }
-                    dt { "dead letters" } dd { (c.dead_lettered) }
+                    dt { "scheduled" } dd #retries { (h.retries_scheduled) }
+                    dt { "runner-lost deaths" } dd #runner-lost { (h.runner_lost) }
+                    dt { "dead letters (since start)" } dd { (c.dead_lettered) }
                 }
             }
             div.card { h2 { "Live turns" }

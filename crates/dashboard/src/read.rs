@@ -233,6 +233,16 @@ fn add(total: &mut Counters, o: &Counters) {
     total.queued_long += o.queued_long;
     total.events_applied += o.events_applied;
     total.events_unchanged += o.events_unchanged;
+    let (h, oh) = (&mut total.last_hour, &o.last_hour);
+    h.turns_done += oh.turns_done;
+    h.turns_failed += oh.turns_failed;
+    h.turns_gave_up += oh.turns_gave_up;
+    h.turns_killed += oh.turns_killed;
+    h.silent_turns += oh.silent_turns;
+    h.retries_scheduled += oh.retries_scheduled;
+    h.runner_lost += oh.runner_lost;
+    // The sum covers the shortest window of those added: the latest start.
+    total.window_start_ms = total.window_start_ms.max(o.window_start_ms);
 }
 
 #[derive(Deserialize)]

@@ -12,7 +12,7 @@ use turnpike_jetstream::now;
 pub(super) async fn overview(AxState(state): AxState<Shared>, headers: HeaderMap) -> Response {
     let s = logged_in!(state, headers, "/");
     match read::overview(&state.bus).await {
-        Ok(o) => render(&state, &s, &headers, |_| pages::overview(&o)),
+        Ok(o) => render(&state, &s, &headers, |ctx| pages::overview(&o, ctx.now)),
         Err(e) => failed(e),
     }
 }

@@ -49,15 +49,16 @@ pub async fn update<R>(
         let written = match revision {
             Some(rev) => bus.chats.update(key, value, rev).await.map_err(|e| {
                 (
-                    e.kind() == UpdateErrorKind::WrongLastRevision,
+                    e.kind() == UpdateErrorKind::WrongLastRevision || crate::lost_cas(&e),
                     e.to_string(),
                 )
             }),
-            None => bus
-                .chats
-                .create(key, value)
-                .await
-                .map_err(|e| (e.kind() == CreateErrorKind::AlreadyExists, e.to_string())),
+            None => bus.chats.create(key, value).await.map_err(|e| {
+                (
+                    e.kind() == CreateErrorKind::AlreadyExists || crate::lost_cas(&e),
+                    e.to_string(),
+                )
+            }),
         };
         match written {
             Ok(_) => return Ok(result),

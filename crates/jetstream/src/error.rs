@@ -55,3 +55,22 @@ impl BusError {
         }
     }
 }
+
+/// Did a conditional write lose its compare-and-set (the subject's last sequence was not the one
+/// expected)? nats-server says so with error 10071, naming the sequence, or, in a cluster while
+/// other writes to the subject are still being proposed, with 10164 and a fixed text — which
+/// async-nats does not map to a kind of its own (it reaches a KV update as "failed getting
+/// entry"). Both mean the same: another writer was first; re-read and try again.
+pub fn lost_cas(e: &(dyn std::error::Error + 'static)) -> bool {
+    use async_nats::jetstream::ErrorCode;
+    let mut next = Some(e);
+    while let Some(err) = next {
+        if let Some(js) = err.downcast_ref::<async_nats::jetstream::Error>() {
+            let code = js.error_code();
+            return code == ErrorCode::STREAM_WRONG_LAST_SEQUENCE
+                || code == ErrorCode::STREAM_WRONG_LAST_SEQUENCE_CONSTANT;
+        }
+        next = err.source();
+    }
+    false
+}

@@ -13,7 +13,7 @@ pub mod topology;
 pub mod turns;
 
 pub use connect::{connect, describe_servers};
-pub use error::BusError;
+pub use error::{lost_cas, BusError};
 pub use publish::{
     dead_letter, decode, decode_kv, encode_headers, header_str, now, publish, Publish,
 };

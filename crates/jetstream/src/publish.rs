@@ -107,9 +107,12 @@ impl Publish {
             .publish_with_headers(self.subject, self.headers, self.payload)
             .await
             .map_err(|e| BusError::publish(&subject, e))?;
-        ack.await.map_err(|e| match e.kind() {
-            PublishErrorKind::WrongLastSequence => BusError::Fenced { subject },
-            _ => BusError::publish(subject, e),
+        ack.await.map_err(|e| {
+            if e.kind() == PublishErrorKind::WrongLastSequence || crate::lost_cas(&e) {
+                BusError::Fenced { subject }
+            } else {
+                BusError::publish(subject, e)
+            }
         })
     }
 }

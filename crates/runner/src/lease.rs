@@ -50,13 +50,15 @@ pub(crate) async fn put_with_ttl(
         .await
         .map_err(|e| BusError::publish(&subject, e))?
         .await
-        .map_err(|e| match e.kind() {
-            async_nats::jetstream::context::PublishErrorKind::WrongLastSequence => {
+        .map_err(|e| {
+            use async_nats::jetstream::context::PublishErrorKind;
+            if e.kind() == PublishErrorKind::WrongLastSequence || turnpike_jetstream::lost_cas(&e) {
                 BusError::Fenced {
                     subject: subject.clone(),
                 }
+            } else {
+                BusError::publish(&subject, e)
             }
-            _ => BusError::publish(&subject, e),
         })?;
     Ok(ack.sequence)
 }
@@ -111,17 +113,6 @@ pub(crate) async fn take(inner: &Inner, key: &str) -> Result<Taken, BusError> {
     Ok(Taken::Held)
 }
 
-fn ask_stop(stop: &watch::Sender<Option<StopReason>>, why: StopReason) -> bool {
-    stop.send_if_modified(|s| {
-        if s.is_none() {
-            *s = Some(why);
-            true
-        } else {
-            false
-        }
-    })
-}
-
 /// Hold the attempt's lease (taken at `seq` before the claim) until dropped, after the exit is
 /// reported: renew it every heartbeat by compare-and-set, and stop the run (`LeaseLost`) while one
 /// heartbeat of it is still left if renewals keep failing, or at once if it lapsed — a lapsed
@@ -153,7 +144,7 @@ pub(crate) fn keep_alive(
             let stop_at = last_ok + lease.saturating_sub(beat);
             let next = Instant::now() + beat.saturating_sub(Duration::from_millis(10));
             tokio::time::sleep_until(next.min(stop_at).into()).await;
-            if Instant::now() >= stop_at && ask_stop(&stop, StopReason::LeaseLost) {
+            if Instant::now() >= stop_at && crate::stop::request(&stop, StopReason::LeaseLost) {
                 warn!("lease about to lapse; stopping the run before the coordinator declares it lost");
             }
             let sent = Instant::now();
@@ -193,7 +184,7 @@ pub(crate) fn keep_alive(
                     match tokio::time::timeout(left(), still_ours(&inner, &key)).await {
                         Ok(Ok(Some(s))) => seq = Some(s),
                         Ok(Ok(None)) => {
-                            if ask_stop(&stop, StopReason::LeaseLost) {
+                            if crate::stop::request(&stop, StopReason::LeaseLost) {
                                 warn!("the lease lapsed; stopping the run and never renewing it");
                             }
                             return;
@@ -214,13 +205,10 @@ pub(crate) fn keep_alive(
                 )
                 .await;
                 if let Ok(Ok(last)) = read {
-                    let why = match turnpike_core::fence::check(last.as_ref(), ours) {
-                        None => None,
-                        Some(turnpike_core::fence::Fenced::Killed) => Some(StopReason::Operator),
-                        Some(turnpike_core::fence::Fenced::Lost) => Some(StopReason::Superseded),
-                    };
+                    let why =
+                        turnpike_core::fence::check(last.as_ref(), ours).map(StopReason::fenced);
                     if let Some(why) = why {
-                        if ask_stop(&stop, why) {
+                        if crate::stop::request(&stop, why) {
                             warn!(?why, "the attempt's fence moved; stopping the run");
                         }
                     }

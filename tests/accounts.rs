@@ -115,7 +115,7 @@ async fn each_role_does_its_whole_job_with_only_its_own_rights() {
     let answer = ops(
         &admin,
         subjects::OPS_KILL,
-        serde_json::json!({"by": "op", "turn": hung.as_str()}),
+        turnpike_core::wire::OpsRequest::turn("op", hung.clone()),
     )
     .await;
     assert!(answer.ok, "kill refused: {}", answer.message);

@@ -9,7 +9,7 @@ use turnpike_core::lifecycle::TurnState;
 use turnpike_core::subjects;
 use turnpike_core::texts;
 use turnpike_core::wire::{ChatRecord, ExitClass, OutboundItem, OutboundKind};
-use turnpike_core::TurnId;
+use turnpike_core::{ChatId, TurnId};
 use turnpike_jetstream::{decode_kv, Bus};
 use turnpike_testkit::NatsServer;
 use turnpike_tests::*;
@@ -129,7 +129,7 @@ async fn an_operator_kill_is_recorded_killed_with_no_retry_and_no_notice() {
     let r = ops(
         &p.bus,
         subjects::OPS_KILL,
-        serde_json::json!({"by": "alice", "turn": turn}),
+        turnpike_core::wire::OpsRequest::turn("alice", turn.clone()),
     )
     .await;
     assert!(r.ok, "{r:?}");
@@ -146,7 +146,7 @@ async fn an_operator_kill_is_recorded_killed_with_no_retry_and_no_notice() {
     let again = ops(
         &p.bus,
         subjects::OPS_KILL,
-        serde_json::json!({"by": "alice", "turn": turn}),
+        turnpike_core::wire::OpsRequest::turn("alice", turn.clone()),
     )
     .await;
     assert!(!again.ok);
@@ -157,7 +157,7 @@ async fn an_operator_kill_is_recorded_killed_with_no_retry_and_no_notice() {
     let unknown = ops(
         &p.bus,
         subjects::OPS_KILL,
-        serde_json::json!({"by": "alice", "turn": "t-nope"}),
+        turnpike_core::wire::OpsRequest::turn("alice", TurnId::new("t-nope").expect("id")),
     )
     .await;
     assert!(
@@ -175,7 +175,7 @@ async fn a_kill_during_pending_retry_cancels_the_scheduled_attempt() {
     let r = ops(
         &p.bus,
         subjects::OPS_KILL,
-        serde_json::json!({"by": "bob", "turn": turn}),
+        turnpike_core::wire::OpsRequest::turn("bob", turn.clone()),
     )
     .await;
     assert!(r.ok && r.state.as_deref() == Some("killed"), "{r:?}");
@@ -209,7 +209,7 @@ async fn operators_clear_a_chat_and_rerun_an_ended_turn() {
     let cleared = ops(
         &p.bus,
         subjects::OPS_CLEAR,
-        serde_json::json!({"by": "carol", "chat": "c6"}),
+        turnpike_core::wire::OpsRequest::chat("carol", ChatId::new("c6").expect("id")),
     )
     .await;
     assert!(cleared.ok, "{cleared:?}");
@@ -221,7 +221,7 @@ async fn operators_clear_a_chat_and_rerun_an_ended_turn() {
     let rerun = ops(
         &p.bus,
         subjects::OPS_RERUN,
-        serde_json::json!({"by": "carol", "turn": turn}),
+        turnpike_core::wire::OpsRequest::turn("carol", turn.clone()),
     )
     .await;
     assert!(rerun.ok, "{rerun:?}");
@@ -624,7 +624,7 @@ async fn counters_are_served_to_operators() {
         .request(subjects::OPS_STATS, bytes::Bytes::new())
         .await
         .expect("stats answered");
-    let stats: turnpike_coordinator::ops::Stats =
+    let stats: turnpike_core::wire::OpsStats =
         serde_json::from_slice(&reply.payload).expect("stats JSON");
     let s = stats.counters;
     assert_eq!(

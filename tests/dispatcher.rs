@@ -237,7 +237,7 @@ async fn a_killed_waiting_turn_leaves_the_queue_and_the_next_one_runs() {
     let r = ops(
         &p.bus,
         turnpike_core::subjects::OPS_KILL,
-        serde_json::json!({"by": "op", "turn": second}),
+        turnpike_core::wire::OpsRequest::turn("op", second.clone()),
     )
     .await;
     assert!(r.ok, "{r:?}");

@@ -231,10 +231,16 @@ async fn an_operator_kill_stops_the_container_and_is_recorded_killed() {
     let turn = send(&bus, runner_id, "m-1", "hang").await;
     wait_state(&bus, &turn, TurnState::Running).await;
     // What the coordinator's ForwardKill effect sends.
+    let kill = turnpike_core::wire::KillRequest {
+        v: turnpike_core::FORMAT_VERSION,
+        turn: turn.clone(),
+        attempt: 1,
+        by: "tester".into(),
+    };
     bus.client
         .publish(
             turnpike_core::subjects::kill(&turn),
-            bytes::Bytes::from_static(b"1"),
+            bytes::Bytes::from(kill.to_json()),
         )
         .await
         .expect("kill sent");

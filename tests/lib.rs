@@ -204,11 +204,11 @@ impl Drop for RoleProcess {
 pub async fn ops(
     bus: &Bus,
     subject: &str,
-    req: serde_json::Value,
+    req: turnpike_core::wire::OpsRequest,
 ) -> turnpike_core::wire::OpsReply {
     let reply = bus
         .client
-        .request(subject.to_owned(), bytes::Bytes::from(req.to_string()))
+        .request(subject.to_owned(), bytes::Bytes::from(req.to_json()))
         .await
         .expect("a coordinator answers");
     serde_json::from_slice(&reply.payload).expect("an ops reply")
@@ -219,7 +219,7 @@ pub async fn kill_turn(bus: &Bus, turn: &TurnId) -> turnpike_core::wire::OpsRepl
     ops(
         bus,
         subjects::OPS_KILL,
-        serde_json::json!({"v": 1, "by": "tester", "turn": turn}),
+        turnpike_core::wire::OpsRequest::turn("tester", turn.clone()),
     )
     .await
 }

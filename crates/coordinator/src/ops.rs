@@ -3,11 +3,10 @@
 //! `turnpike.ops.kill`, `turnpike.ops.clear`, `turnpike.ops.rerun`, `turnpike.ops.stats`.
 //! Every action is recorded with who and when in the turn or chat record.
 
-use crate::counters::{Counters, CountersSnapshot};
+use crate::counters::Counters;
 use async_nats::service::ServiceExt;
 use bytes::Bytes;
 use futures::StreamExt;
-use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
@@ -15,20 +14,10 @@ use tracing::{info, warn};
 use turnpike_config::Config;
 use turnpike_core::lifecycle::{self, Event, NewTurn, Unchanged};
 use turnpike_core::subjects;
-use turnpike_core::wire::{OperatorAction, OpsReply, OpsRequest};
+use turnpike_core::wire::{OperatorAction, OpsReply, OpsRequest, OpsStats};
 use turnpike_core::{TurnId, FORMAT_VERSION};
 use turnpike_jetstream::turns::{self, Applied, ApplyError};
 use turnpike_jetstream::{decode, now, Bus, BusError};
-
-/// The `turnpike.ops.stats` answer.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Stats {
-    pub v: u16,
-    /// This coordinator's counters since it started.
-    pub counters: CountersSnapshot,
-    /// Turns not yet ended, by state (from the live index: cluster-wide).
-    pub live: BTreeMap<String, u64>,
-}
 
 fn reply(
     ok: bool,
@@ -263,7 +252,7 @@ async fn clear(
     })
 }
 
-async fn stats(bus: &Bus, counters: &Counters) -> Stats {
+async fn stats(bus: &Bus, counters: &Counters) -> OpsStats {
     let mut live = BTreeMap::new();
     if let Ok(mut keys) = bus.live.keys().await {
         while let Some(Ok(k)) = keys.next().await {
@@ -273,7 +262,7 @@ async fn stats(bus: &Bus, counters: &Counters) -> Stats {
             }
         }
     }
-    Stats {
+    OpsStats {
         v: FORMAT_VERSION,
         counters: counters.snapshot(),
         live,

@@ -14,45 +14,8 @@
 //! - a running attempt checks on every heartbeat that the fence is still its own ([`check`]), so a
 //!   kill or loss it missed on the wire still stops it.
 
-use crate::ids::{RunnerId, TurnId};
-use crate::FORMAT_VERSION;
-use serde::{Deserialize, Serialize};
-
-fn v1() -> u16 {
-    FORMAT_VERSION
-}
-
-/// One marker on the fence subject.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub struct FenceMarker {
-    #[serde(default = "v1")]
-    pub v: u16,
-    pub turn: TurnId,
-    pub attempt: u32,
-    pub holder: FenceHolder,
-    /// Sequence of the marker this one replaced (0: the first). A reader of a lost or killed
-    /// attempt finds that attempt's own marker there, and so where its output can begin.
-    #[serde(default)]
-    pub replaces: u64,
-}
-
-impl crate::wire::Versioned for FenceMarker {
-    fn version(&self) -> u16 {
-        self.v
-    }
-}
-
-/// Who holds the fence after this marker.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "snake_case")]
-pub enum FenceHolder {
-    /// A runner runs `attempt` and may land its output.
-    Runner { runner: RunnerId },
-    /// The coordinator declared `attempt` lost: nothing more of it lands.
-    Lost,
-    /// An operator killed the turn: no output of any attempt lands, no attempt starts.
-    Killed { by: String },
-}
+use crate::ids::RunnerId;
+pub use crate::wire::{FenceHolder, FenceMarker};
 
 /// The last marker as read from the stream: its sequence, and its content if it decodes.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -204,6 +167,7 @@ pub fn check(last: Option<&Last>, ours: u64) -> Option<Fenced> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::{TurnId, FORMAT_VERSION};
 
     fn t() -> TurnId {
         TurnId::new("t-1").expect("valid")

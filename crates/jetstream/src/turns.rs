@@ -8,7 +8,7 @@ use bytes::Bytes;
 use tracing::{debug, warn};
 use turnpike_core::lifecycle::{self, Effect, Event, Step, TransitionError, Unchanged};
 use turnpike_core::subjects::{self, msg_id};
-use turnpike_core::wire::{ClaimHolder, ClaimRecord, OutboundItem, OutboundKind};
+use turnpike_core::wire::{ClaimHolder, ClaimRecord, KillRequest, OutboundItem, OutboundKind};
 use turnpike_core::{TurnId, TurnRecord, FORMAT_VERSION};
 
 /// A record and the KV revision it was read at.
@@ -171,7 +171,10 @@ pub async fn apply_event_at(
                             effects,
                         })
                     }
-                    Err(e) if e.kind() == UpdateErrorKind::WrongLastRevision => {
+                    Err(e)
+                        if e.kind() == UpdateErrorKind::WrongLastRevision
+                            || crate::lost_cas(&e) =>
+                    {
                         debug!(%turn, "turn record changed under us; re-reading");
                         continue;
                     }
@@ -218,7 +221,7 @@ pub async fn run_outbox(bus: &Bus, mut current: Versioned) -> Result<Versioned, 
                 }
                 return Ok(Versioned { record, revision });
             }
-            Err(e) if e.kind() == UpdateErrorKind::WrongLastRevision => {
+            Err(e) if e.kind() == UpdateErrorKind::WrongLastRevision || crate::lost_cas(&e) => {
                 current = load(bus, &record.turn)
                     .await?
                     .ok_or_else(|| ApplyError::UnknownTurn(record.turn.clone()))?;
@@ -285,9 +288,16 @@ fn killed_by(record: &TurnRecord) -> &str {
     record.kill.as_ref().map_or("operator", |k| k.by.as_str())
 }
 
-async fn send_kill(bus: &Bus, turn: &TurnId, attempt: u32) -> Result<(), BusError> {
+async fn send_kill(bus: &Bus, record: &TurnRecord, attempt: u32) -> Result<(), BusError> {
+    let turn = &record.turn;
+    let kill = KillRequest {
+        v: FORMAT_VERSION,
+        turn: turn.clone(),
+        attempt,
+        by: killed_by(record).to_owned(),
+    };
     bus.client
-        .publish(subjects::kill(turn), Bytes::from(attempt.to_string()))
+        .publish(subjects::kill(turn), Bytes::from(kill.to_json()))
         .await
         .map_err(|e| BusError::publish(subjects::kill(turn), e))
 }
@@ -343,7 +353,7 @@ pub async fn execute(bus: &Bus, record: &TurnRecord, effect: &Effect) -> Result<
             // The fence move is the kill: durable, and from it on nothing of the turn lands. The
             // plain message only makes the runner stop at once instead of at its next heartbeat.
             crate::fence::kill(bus, turn, *attempt, killed_by(record)).await?;
-            send_kill(bus, turn, *attempt).await?;
+            send_kill(bus, record, *attempt).await?;
         }
         Effect::CancelAttempt { attempt } => {
             // Drop the schedule if it has not fired, and take the claim so no runner starts it.
@@ -381,7 +391,7 @@ pub async fn execute(bus: &Bus, record: &TurnRecord, effect: &Effect) -> Result<
             crate::fence::kill(bus, turn, *attempt, killed_by(record)).await?;
             if claimed {
                 debug!(%turn, attempt, "cancelled attempt was already claimed; its fence is moved and its runner told");
-                send_kill(bus, turn, *attempt).await?;
+                send_kill(bus, record, *attempt).await?;
             }
         }
         Effect::Ended { state } => {

@@ -1,0 +1,60 @@
+//! Every payload that crosses NATS. Each carries `v`, the format version, so a later release can
+//! still read what this one wrote; readers refuse a version newer than they know, with a clear error.
+//!
+//! The chat boundary ([`InboundMessage`], [`OutboundItem`]) is a public contract for chat adapters
+//! in any language; `docs/protocol.md` documents it field by field.
+
+use crate::ids::{ChatId, RunnerId, TurnId};
+use crate::time::Timestamp;
+use crate::FORMAT_VERSION;
+use serde::{Deserialize, Serialize};
+
+mod attempt;
+mod chat;
+mod fence;
+mod ops;
+
+pub use attempt::*;
+pub use chat::*;
+pub use fence::*;
+pub use ops::*;
+
+fn v1() -> u16 {
+    FORMAT_VERSION
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
+/// Implemented by every versioned payload so the codec can check `v` in one place.
+pub trait Versioned {
+    fn version(&self) -> u16;
+}
+
+macro_rules! versioned {
+    ($($t:ty),* $(,)?) => {
+        $(impl Versioned for $t {
+            fn version(&self) -> u16 { self.v }
+        })*
+    };
+}
+
+versioned!(
+    OpsRequest,
+    OpsReply,
+    KillRequest,
+    FenceMarker,
+    InboundMessage,
+    WorkItem,
+    AgentInput,
+    RunnerEvent,
+    OutboundItem,
+    ChatRecord,
+    ClaimRecord,
+    RunnerPresence,
+    crate::lifecycle::TurnRecord,
+);
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,145 @@
+//! Operators' requests to the coordinators (`turnpike.ops.*`), their answers and counters, and
+//! the kill request forwarded to a runner.
+
+use super::*;
+
+/// An operator's request to the coordinators (`turnpike.ops.*`): `turn` for kill and rerun,
+/// `chat` for clear; `by` names the operator for the record.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct OpsRequest {
+    #[serde(default = "v1")]
+    pub v: u16,
+    pub by: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub turn: Option<TurnId>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chat: Option<ChatId>,
+}
+
+impl OpsRequest {
+    /// Kill or re-run `turn`, as `by`.
+    pub fn turn(by: impl Into<String>, turn: TurnId) -> OpsRequest {
+        OpsRequest {
+            v: FORMAT_VERSION,
+            by: by.into(),
+            turn: Some(turn),
+            chat: None,
+        }
+    }
+
+    /// Clear `chat`'s errored flag, as `by`.
+    pub fn chat(by: impl Into<String>, chat: ChatId) -> OpsRequest {
+        OpsRequest {
+            v: FORMAT_VERSION,
+            by: by.into(),
+            turn: None,
+            chat: Some(chat),
+        }
+    }
+
+    pub fn to_json(&self) -> Vec<u8> {
+        // Strings only: always serializes.
+        serde_json::to_vec(self).unwrap_or_default()
+    }
+}
+
+/// The coordinators' answer to an [`OpsRequest`].
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct OpsReply {
+    #[serde(default = "v1")]
+    pub v: u16,
+    pub ok: bool,
+    pub message: String,
+    /// The turn acted on (for rerun: the new turn).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub turn: Option<TurnId>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state: Option<String>,
+}
+
+/// A coordinator's counters since it started, as `$SRV.STATS.turnpike-coordinator` and
+/// `turnpike.ops.stats` report them (sum them over coordinators for the cluster).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct CountersSnapshot {
+    pub turns_done: u64,
+    pub turns_failed: u64,
+    pub turns_gave_up: u64,
+    pub turns_killed: u64,
+    pub silent_turns: u64,
+    pub retries_scheduled: u64,
+    pub runner_lost: u64,
+    pub dead_lettered: u64,
+    pub queued_long: u64,
+    pub events_applied: u64,
+    pub events_unchanged: u64,
+    /// The same counts over the last hour, or since `window_start` when the process is younger.
+    pub last_hour: HourCounts,
+    /// Where `last_hour` starts (milliseconds since the epoch).
+    pub window_start_ms: u64,
+}
+
+/// Counts over a trailing hour (per process; add them over coordinators).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct HourCounts {
+    pub turns_done: u64,
+    pub turns_failed: u64,
+    pub turns_gave_up: u64,
+    pub turns_killed: u64,
+    pub silent_turns: u64,
+    pub retries_scheduled: u64,
+    pub runner_lost: u64,
+}
+
+/// Who did an operator action, and when.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct OperatorAction {
+    pub by: String,
+    pub at: Timestamp,
+}
+
+/// The `turnpike.ops.stats` answer of one coordinator.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OpsStats {
+    #[serde(default = "v1")]
+    pub v: u16,
+    /// This coordinator's counters since it started.
+    pub counters: CountersSnapshot,
+    /// Turns not yet ended, by state (from the live index: cluster-wide).
+    pub live: std::collections::BTreeMap<String, u64>,
+}
+
+/// An operator's kill, forwarded by a coordinator to whichever runner runs the turn's attempt,
+/// on `turnpike.control.kill.<turn>` (core NATS, JSON). The fence is what makes a kill stick;
+/// this only makes the runner stop at once rather than at its next heartbeat.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct KillRequest {
+    #[serde(default = "v1")]
+    pub v: u16,
+    pub turn: TurnId,
+    /// The attempt to stop; another attempt's runner ignores it.
+    pub attempt: u32,
+    /// The operator, for the runner's log.
+    pub by: String,
+}
+
+impl KillRequest {
+    pub fn to_json(&self) -> Vec<u8> {
+        // A struct of strings and numbers always serializes.
+        serde_json::to_vec(self).unwrap_or_default()
+    }
+
+    /// Does a kill payload stop `attempt`? A request for another attempt does not; one that
+    /// cannot be read (an older coordinator's bare attempt number is read as such) stops it:
+    /// a kill is never lost to its format.
+    pub fn targets(payload: &[u8], attempt: u32) -> bool {
+        if let Ok(k) = serde_json::from_slice::<KillRequest>(payload) {
+            return k.attempt == attempt;
+        }
+        std::str::from_utf8(payload)
+            .ok()
+            .and_then(|s| s.trim().parse::<u32>().ok())
+            .is_none_or(|a| a == attempt)
+    }
+}

@@ -1,0 +1,238 @@
+use super::*;
+use crate::codec::Codec;
+
+#[test]
+fn exit_classes_display_as_serde_spells_them() {
+    for c in ExitClass::ALL {
+        assert_eq!(
+            serde_json::to_value(c).expect("json"),
+            serde_json::json!(c.to_string())
+        );
+    }
+}
+use serde::de::DeserializeOwned;
+use std::fmt::Debug;
+
+fn chat() -> ChatId {
+    ChatId::new("chat-1").expect("valid")
+}
+fn turn() -> TurnId {
+    TurnId::for_message(&chat(), "m1")
+}
+fn runner() -> RunnerId {
+    RunnerId::new("runner-a").expect("valid")
+}
+fn inbound() -> InboundMessage {
+    InboundMessage {
+        v: FORMAT_VERSION,
+        id: "m1".into(),
+        chat: chat(),
+        text: "hello ✓".into(),
+        sender: Some("ann".into()),
+        attachments: vec![Attachment {
+            name: "report.pdf".into(),
+            object: "att/t-1/report.pdf".into(),
+        }],
+    }
+}
+
+fn round_trip<T: Serialize + DeserializeOwned + Versioned + PartialEq + Debug>(value: T) {
+    for codec in [Codec::Json, Codec::Msgpack] {
+        let bytes = codec.encode(&value).expect("encodes");
+        let back: T = codec.decode(&bytes).expect("decodes");
+        assert_eq!(back, value, "{codec:?}");
+    }
+    // Every payload carries its format version.
+    let json: serde_json::Value =
+        serde_json::from_slice(&Codec::Json.encode(&value).expect("encodes")).expect("json");
+    assert_eq!(json["v"], serde_json::json!(FORMAT_VERSION));
+}
+
+fn work() -> WorkItem {
+    WorkItem {
+        v: FORMAT_VERSION,
+        turn: turn(),
+        chat: chat(),
+        attempt: 2,
+        max_attempts: 3,
+        message: inbound(),
+        history: vec![
+            HistoryEntry {
+                role: Role::User,
+                text: "q".into(),
+            },
+            HistoryEntry {
+                role: Role::Bot,
+                text: "a".into(),
+            },
+        ],
+    }
+}
+
+#[test]
+fn every_message_round_trips_in_both_codecs() {
+    round_trip(inbound());
+    round_trip(work());
+    round_trip(AgentInput::from_work(
+        &work(),
+        vec!["/turnpike/attachments/report.pdf".into()],
+    ));
+    let at = Timestamp(1_800_000_000_000);
+    for kind in [
+        RunnerEventKind::Started { published_at: at },
+        RunnerEventKind::MessageLanded {
+            seq: 1,
+            stream_seq: Some(42),
+        },
+        RunnerEventKind::MessageLanded {
+            seq: 2,
+            stream_seq: None,
+        },
+        RunnerEventKind::Progress {
+            text: "thinking".into(),
+        },
+    ]
+    .into_iter()
+    .chain(
+        ExitClass::ALL
+            .into_iter()
+            .map(|class| RunnerEventKind::Exited {
+                report: ExitReport {
+                    class,
+                    exit_code: Some(137),
+                    signal: Some(9),
+                    error: Some("why".into()),
+                    messages_landed: 1,
+                    replies: vec![7],
+                    ended_at: at,
+                    started: Some(AttemptStart {
+                        runner: runner(),
+                        published_at: at,
+                    }),
+                },
+            }),
+    ) {
+        round_trip(RunnerEvent {
+            v: FORMAT_VERSION,
+            turn: turn(),
+            chat: chat(),
+            attempt: 1,
+            runner: runner(),
+            at,
+            kind,
+        });
+    }
+    for kind in [
+        OutboundKind::Message,
+        OutboundKind::Status,
+        OutboundKind::Notice,
+    ] {
+        round_trip(OutboundItem {
+            v: FORMAT_VERSION,
+            kind,
+            chat: chat(),
+            turn: turn(),
+            attempt: 1,
+            text: "hi".into(),
+            status_id: (kind == OutboundKind::Status).then(|| "status-x".into()),
+            r#final: kind == OutboundKind::Status,
+        });
+    }
+    round_trip(ChatRecord {
+        v: FORMAT_VERSION,
+        chat: chat(),
+        live: Some(turn()),
+        waiting: vec![turn()],
+        history: vec![HistoryEntry {
+            role: Role::User,
+            text: "q".into(),
+        }],
+        history_dropped: 3,
+        inbound_seq: 42,
+        errored: Some(ChatError {
+            turn: turn(),
+            at,
+            reason: "gave up".into(),
+        }),
+        cleared: vec![OperatorAction {
+            by: "op".into(),
+            at,
+        }],
+    });
+    for holder in [
+        ClaimHolder::Runner { runner: runner() },
+        ClaimHolder::Cancelled,
+    ] {
+        round_trip(ClaimRecord {
+            v: FORMAT_VERSION,
+            turn: turn(),
+            attempt: 1,
+            holder,
+            at,
+        });
+    }
+    round_trip(RunnerPresence {
+        v: FORMAT_VERSION,
+        runner: runner(),
+        host: "h".into(),
+        backend: "docker".into(),
+        slots: 4,
+        slots_in_use: 1,
+        version: "0.1.0".into(),
+        at,
+    });
+}
+
+#[test]
+fn outbound_json_matches_the_public_contract() {
+    let item = OutboundItem {
+        v: FORMAT_VERSION,
+        kind: OutboundKind::Status,
+        chat: chat(),
+        turn: turn(),
+        attempt: 2,
+        text: "working".into(),
+        status_id: Some("status-1".into()),
+        r#final: false,
+    };
+    let json: serde_json::Value = serde_json::to_value(&item).expect("json");
+    assert_eq!(
+        json,
+        serde_json::json!({"v": 1, "kind": "status", "chat": "chat-1", "turn": turn().as_str(),
+            "attempt": 2, "text": "working", "status_id": "status-1"})
+    );
+}
+
+#[test]
+fn agent_lines_parse_as_documented() {
+    let m: AgentLine = serde_json::from_str(r#"{"type":"message","text":"hi"}"#).expect("message");
+    assert_eq!(m, AgentLine::Message { text: "hi".into() });
+    let r: AgentLine =
+        serde_json::from_str(r#"{"type":"result","status":"error","error":"x"}"#).expect("result");
+    assert_eq!(
+        r,
+        AgentLine::Result {
+            status: AgentStatus::Error,
+            error: Some("x".into())
+        }
+    );
+    assert!(serde_json::from_str::<AgentLine>(r#"{"type":"nope"}"#).is_err());
+}
+
+#[test]
+fn a_kill_request_targets_its_attempt_and_an_unreadable_one_every_attempt() {
+    let kill = KillRequest {
+        v: FORMAT_VERSION,
+        turn: TurnId::new("t-1").expect("id"),
+        attempt: 2,
+        by: "alice".into(),
+    };
+    let json = kill.to_json();
+    assert!(KillRequest::targets(&json, 2));
+    assert!(!KillRequest::targets(&json, 3));
+    // An older coordinator's bare attempt number.
+    assert!(KillRequest::targets(b"2", 2));
+    assert!(!KillRequest::targets(b"2", 3));
+    assert!(KillRequest::targets(b"", 3));
+    assert!(KillRequest::targets(b"{garbage", 3));
+}

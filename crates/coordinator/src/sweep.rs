@@ -15,7 +15,7 @@ use turnpike_core::lifecycle::{Effect, Event, TurnState};
 use turnpike_core::recovery;
 use turnpike_core::subjects;
 use turnpike_core::wire::{
-    ClaimHolder, ClaimRecord, ExitClass, ExitReport, RunnerEvent, RunnerEventKind, WorkItem,
+    ClaimHolder, ClaimRecord, ExitReport, RunnerEvent, RunnerEventKind, WorkItem,
 };
 use turnpike_core::{TurnId, TurnRecord};
 use turnpike_jetstream::claims::Lease;
@@ -184,19 +184,14 @@ async fn check_attempt_alive(
     let replies = fence::landed(bus, &record.chat, turn, k, runner_seq).await?;
     let event = Event::Exited {
         attempt: k,
-        report: ExitReport {
-            class: ExitClass::RunnerLost,
-            exit_code: None,
-            signal: None,
-            error: Some(format!(
+        report: ExitReport::runner_lost(
+            format!(
                 "runner lease lapsed (no heartbeat for over {})",
                 humantime::format_duration(config.lease)
-            )),
-            messages_landed: replies.len() as u32,
+            ),
             replies,
-            ended_at: lapsed_at,
-            started: None,
-        },
+            lapsed_at,
+        ),
     };
     // The death is dated when the server let the lease lapse.
     let applied = turns::apply_event_at(bus, turn, &event, lapsed_at).await?;

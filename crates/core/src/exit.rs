@@ -23,6 +23,33 @@ impl StopReason {
     pub fn is_urgent(self) -> bool {
         matches!(self, StopReason::Superseded | StopReason::LeaseLost)
     }
+
+    /// Why a run whose fence moved away from it stops: an operator's kill, or its attempt is
+    /// not its own any more (declared lost, or the fence is gone).
+    pub fn fenced(how: crate::fence::Fenced) -> StopReason {
+        match how {
+            crate::fence::Fenced::Killed => StopReason::Operator,
+            crate::fence::Fenced::Lost => StopReason::Superseded,
+        }
+    }
+
+    /// Which reason stands when `new` comes while the run is already stopping for `current`:
+    /// an operator's kill over everything (a killed turn is never retried); then the loss of the
+    /// attempt (its fence moved, its lease lapsed: it is not this runner's any more, and stops
+    /// at once); between the time limit and a drain, whichever came first.
+    pub fn stands(current: Option<StopReason>, new: StopReason) -> StopReason {
+        fn rank(r: StopReason) -> u8 {
+            match r {
+                StopReason::Operator => 2,
+                StopReason::Superseded | StopReason::LeaseLost => 1,
+                StopReason::Timeout | StopReason::Drain => 0,
+            }
+        }
+        match current {
+            Some(c) if rank(c) >= rank(new) => c,
+            _ => new,
+        }
+    }
 }
 
 /// What a backend saw of one run.
@@ -30,7 +57,8 @@ impl StopReason {
 pub struct RawExit {
     pub exit_code: Option<i64>,
     pub signal: Option<i32>,
-    /// The cgroup OOM killer fired (container `OOMKilled`, or the engine's `oom` event).
+    /// Out of memory: the cgroup OOM killer fired (container `OOMKilled`, or the engine's `oom`
+    /// event), or, under the process backend, the agent died of a failed allocation.
     pub oom_killed: bool,
     /// Set when the runner stopped the run; says why.
     pub stopped_by: Option<StopReason>,
@@ -77,6 +105,26 @@ pub fn classify(raw: &RawExit, verdict: Option<AgentStatus>, any_output: bool) -
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn stop_precedence_table() {
+        use StopReason::*;
+        let all = [Timeout, Operator, Superseded, Drain, LeaseLost];
+        for r in all {
+            assert_eq!(StopReason::stands(None, r), r, "the first reason stands");
+            assert_eq!(StopReason::stands(Some(Operator), r), Operator);
+            assert_eq!(StopReason::stands(Some(r), Operator), Operator);
+        }
+        // The first of the lesser reasons stands.
+        assert_eq!(StopReason::stands(Some(Timeout), Drain), Timeout);
+        assert_eq!(StopReason::stands(Some(Drain), Timeout), Drain);
+        assert_eq!(StopReason::stands(Some(Superseded), LeaseLost), Superseded);
+        assert_eq!(StopReason::stands(Some(LeaseLost), Superseded), LeaseLost);
+        // Losing the attempt overrides a time limit or drain: it must stop at once.
+        assert_eq!(StopReason::stands(Some(Timeout), LeaseLost), LeaseLost);
+        assert_eq!(StopReason::stands(Some(Drain), Superseded), Superseded);
+        assert_eq!(StopReason::stands(Some(LeaseLost), Drain), LeaseLost);
+    }
 
     fn code(c: i64) -> RawExit {
         RawExit {

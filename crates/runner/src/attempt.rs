@@ -7,12 +7,10 @@ use crate::Inner;
 use async_nats::jetstream::kv::CreateErrorKind;
 use async_nats::jetstream::AckKind;
 use bytes::Bytes;
-use futures::StreamExt;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 use tokio::sync::{mpsc, watch};
 use tracing::{debug, info, warn, Instrument};
-use turnpike_core::fence::Fenced;
 use turnpike_core::subjects::{self, msg_id};
 use turnpike_core::wire::{
     AgentLine, AgentStatus, AttemptStart, ClaimHolder, ClaimRecord, ExitReport, OutboundItem,
@@ -247,55 +245,8 @@ async fn run_fenced(
     };
     let (out_tx, mut out_rx) = mpsc::channel::<Output>(64);
 
-    // Operator kills arrive on the turn's control subject (subscribed before the claim).
-    let kill_watch = {
-        let stop_tx = stop_tx.clone();
-        let attempt = work.attempt;
-        tokio::spawn(async move {
-            let Some(mut sub) = kills else { return };
-            while let Some(m) = sub.next().await {
-                let target: Option<u32> = std::str::from_utf8(&m.payload)
-                    .ok()
-                    .and_then(|s| s.trim().parse().ok());
-                if target.is_none_or(|t| t == attempt) {
-                    info!("operator kill received");
-                    stop_tx.send_replace(Some(StopReason::Operator));
-                }
-            }
-        })
-    };
-    // The run time limit.
-    let timer = {
-        let stop_tx = stop_tx.clone();
-        let limit = inner.config.run_timeout;
-        tokio::spawn(async move {
-            tokio::time::sleep(limit).await;
-            stop_tx.send_if_modified(|s| {
-                if s.is_none() {
-                    *s = Some(StopReason::Timeout);
-                    true
-                } else {
-                    false
-                }
-            });
-        })
-    };
-    // The runner shutting down past its drain grace.
-    let drain = {
-        let stop_tx = stop_tx.clone();
-        let token = inner.hard_stop.clone();
-        tokio::spawn(async move {
-            token.cancelled().await;
-            stop_tx.send_if_modified(|s| {
-                if s.is_none() {
-                    *s = Some(StopReason::Drain);
-                    true
-                } else {
-                    false
-                }
-            });
-        })
-    };
+    // Operator kills (subscribed before the claim), the time limit and a hard stop of the runner.
+    let causes = crate::stop::Causes::watch(inner, work, kills, &stop_tx);
 
     let backend_inner = inner.clone();
     let backend_spec = spec.clone();
@@ -357,9 +308,7 @@ async fn run_fenced(
             ..Default::default()
         },
     };
-    kill_watch.abort();
-    timer.abort();
-    drain.abort();
+    drop(causes);
 
     let class = classify(&raw, lander.verdict, lander.any_output);
     // Record who stopped the run, when the runner did.
@@ -536,7 +485,7 @@ impl Lander<'_> {
         };
         let bus = &self.inner.bus;
         let subject = subjects::chat_out(&self.work.chat);
-        let mut tries = 0;
+        let mut retries = crate::retries::Retries::bot_message();
         loop {
             let publish = Publish::new(bus.codec, subject.clone(), &item).map(|p| {
                 p.msg_id(&msg_id::bot_message(
@@ -572,26 +521,28 @@ impl Lander<'_> {
                 }
                 Err(BusError::Fenced { .. }) => {
                     self.fenced = true;
-                    let why = fence_stop(self.inner, self.work, self.fence_seq).await;
+                    let why =
+                        crate::stop::fence_moved(self.inner, &self.work.turn, self.fence_seq).await;
                     warn!(
                         ?why,
                         "the fence moved: the bot message was refused; stopping the run"
                     );
-                    stop.send_replace(Some(why));
+                    crate::stop::request(stop, why);
                     return;
                 }
-                Err(e) if tries < 5 => {
-                    tries += 1;
-                    warn!(error = %e, tries, "bot message not acknowledged; retrying with the same dedup id");
-                    tokio::time::sleep(Duration::from_millis(200 * tries)).await;
-                }
-                Err(e) => {
-                    // Not acknowledged is not refused: the server may have stored it. The count
-                    // is settled from the stream at exit, after the fence moves.
-                    warn!(error = %e, "bot message not acknowledged after 5 tries; whether it landed is settled at exit");
-                    self.uncertain = true;
-                    return;
-                }
+                Err(e) => match retries.after_failure() {
+                    Some(wait) => {
+                        warn!(error = %e, "bot message not acknowledged; retrying with the same dedup id");
+                        tokio::time::sleep(wait).await;
+                    }
+                    None => {
+                        // Not acknowledged is not refused: the server may have stored it. The
+                        // count is settled from the stream at exit, after the fence moves.
+                        warn!(error = %e, "bot message not acknowledged after every try; whether it landed is settled at exit");
+                        self.uncertain = true;
+                        return;
+                    }
+                },
             }
         }
     }
@@ -653,18 +604,6 @@ impl Lander<'_> {
     }
 }
 
-/// Why a run whose fence moved must stop: an operator's kill, or the attempt was declared lost.
-pub(crate) async fn fence_stop(inner: &Inner, work: &WorkItem, ours: u64) -> StopReason {
-    match turnpike_jetstream::fence::last(&inner.bus, &work.turn).await {
-        Ok(last) => match turnpike_core::fence::check(last.as_ref(), ours) {
-            Some(Fenced::Killed) => StopReason::Operator,
-            Some(Fenced::Lost) | None => StopReason::Superseded,
-        },
-        // Refused, so not ours any more, whichever it was.
-        Err(_) => StopReason::Superseded,
-    }
-}
-
 /// What a runner event is about.
 #[derive(Clone, Copy)]
 pub(crate) struct WorkItemRef<'a> {
@@ -694,8 +633,8 @@ async fn emit_for(inner: &Inner, work: WorkItemRef<'_>, what: &str, kind: Runner
         kind,
     };
     let id = msg_id::event(work.turn, work.attempt, what);
-    let mut delay = Duration::from_millis(100);
-    for tries in 1..=10 {
+    let mut retries = crate::retries::Retries::event();
+    loop {
         let publish = Publish::new(inner.bus.codec, subjects::events(work.turn), &event).map(|p| {
             p.msg_id(&id)
                 .header(subjects::HDR_TURN, work.turn.as_str())
@@ -705,19 +644,21 @@ async fn emit_for(inner: &Inner, work: WorkItemRef<'_>, what: &str, kind: Runner
             Ok(p) => p.send(&inner.bus.js).await.map(|_| ()),
             Err(e) => Err(e),
         };
-        match result {
-            Ok(()) => return,
-            Err(e) => {
-                warn!(error = %e, tries, event = what, "runner event not acknowledged; retrying");
-                tokio::time::sleep(delay).await;
-                delay = (delay * 2).min(Duration::from_secs(5));
+        let Err(e) = result else { return };
+        match retries.after_failure() {
+            Some(wait) => {
+                warn!(error = %e, event = what, "runner event not acknowledged; retrying");
+                tokio::time::sleep(wait).await;
+            }
+            None => {
+                warn!(
+                    event = what,
+                    "runner event lost after every try; the lease sweep will settle the attempt"
+                );
+                return;
             }
         }
     }
-    warn!(
-        event = what,
-        "runner event lost after 10 tries; the lease sweep will settle the attempt"
-    );
 }
 
 /// Report an attempt found as a leftover container after a restart: runner lost. Like the
@@ -737,16 +678,8 @@ pub(crate) async fn report_orphan(
         chat: &chat,
         attempt,
     };
-    let report = ExitReport {
-        class: turnpike_core::wire::ExitClass::RunnerLost,
-        exit_code: None,
-        signal: None,
-        error: Some("the runner restarted while the attempt ran".into()),
-        messages_landed: replies.len() as u32,
-        replies,
-        ended_at: now(),
-        started: None,
-    };
+    let report =
+        ExitReport::runner_lost("the runner restarted while the attempt ran", replies, now());
     emit_for(
         inner,
         work_like,

@@ -9,7 +9,9 @@ pub mod backend;
 pub use turnpike_core::exit as classify;
 mod lease;
 pub mod lines;
+mod retries;
 mod scratch;
+mod stop;
 
 use async_nats::jetstream::consumer::PullConsumer;
 use backend::{Backend, DockerBackend, ProcessBackend};

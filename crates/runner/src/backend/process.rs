@@ -1,7 +1,9 @@
 //! The process backend: one child process per attempt, for machines without Docker and for fast
-//! tests. Memory is bounded with `RLIMIT_AS` (an allocation failure is then the agent's own crash,
-//! not an OOM kill: no cgroup is involved), time by the runner's stop request, and the whole
-//! process group is killed at the end so no grandchild outlives its attempt.
+//! tests. Memory is bounded with `RLIMIT_AS`: no cgroup kills the agent, its allocation fails and
+//! its runtime dies in its own way; where the agent's last words say so (see
+//! [`ran_out_of_memory`]), the death is named out of memory, as Docker's OOM kill is. Time is
+//! bounded by the runner's stop request, and the whole process group is killed at the end so no
+//! grandchild outlives its attempt.
 
 use super::{Output, RunSpec};
 use crate::classify::{RawExit, StopReason};
@@ -145,6 +147,7 @@ impl ProcessBackend {
                 .take()
                 .map(|s| pump(s, out.clone(), Output::Stderr)),
         ];
+        let [stdout_reader, stderr_reader] = readers;
         drop(out);
 
         let mut stopped_by = None;
@@ -166,12 +169,23 @@ impl ProcessBackend {
         // Grandchildren may still hold the pipes: end the whole group.
         let _ = kill_process_group(pid, Signal::KILL);
         feeder.abort();
-        for r in readers.into_iter().flatten() {
+        if let Some(r) = stdout_reader {
             let _ = r.await;
         }
+        let stderr_tail = match stderr_reader {
+            Some(r) => r.await.unwrap_or_default(),
+            None => Vec::new(),
+        };
         drop(dir);
         match status {
-            Ok(status) => from_status(status, stopped_by),
+            Ok(status) => {
+                let mut raw = from_status(status, stopped_by);
+                let died = raw.signal.is_some() || raw.exit_code.is_some_and(|c| c != 0);
+                raw.oom_killed = died
+                    && stopped_by.is_none()
+                    && ran_out_of_memory(&String::from_utf8_lossy(&stderr_tail));
+                raw
+            }
             Err(e) => {
                 warn!(error = %e, "lost track of the agent process");
                 RawExit {
@@ -212,17 +226,26 @@ pub(crate) async fn wait_stop(stop: &mut watch::Receiver<Option<StopReason>>) ->
     }
 }
 
+/// How much of the end of a stream [`pump`] keeps: enough for a runtime's dying words.
+const TAIL: usize = 4096;
+
+/// Forward a stream to the attempt; returns its last [`TAIL`] bytes.
 fn pump<R: AsyncRead + Unpin + Send + 'static>(
     mut r: R,
     out: mpsc::Sender<Output>,
     wrap: fn(Bytes) -> Output,
-) -> tokio::task::JoinHandle<()> {
+) -> tokio::task::JoinHandle<Vec<u8>> {
     tokio::spawn(async move {
         let mut buf = vec![0u8; 64 * 1024];
+        let mut tail = Vec::new();
         loop {
             match r.read(&mut buf).await {
                 Ok(0) | Err(_) => break,
                 Ok(n) => {
+                    tail.extend_from_slice(&buf[..n]);
+                    if tail.len() > TAIL {
+                        tail.drain(..tail.len() - TAIL);
+                    }
                     if out
                         .send(wrap(Bytes::copy_from_slice(&buf[..n])))
                         .await
@@ -233,12 +256,55 @@ fn pump<R: AsyncRead + Unpin + Send + 'static>(
                 }
             }
         }
+        tail
     })
+}
+
+/// Did the agent die of a failed allocation? Under `RLIMIT_AS` nothing kills it: its runtime
+/// says so on stderr and then aborts or exits, each in its own words. These are the words of
+/// the common ones (Rust, Go, Python, C++, Node, Java, and libc's `strerror(ENOMEM)`).
+pub fn ran_out_of_memory(stderr_tail: &str) -> bool {
+    const MARKERS: [&str; 6] = [
+        "fatal error: runtime: out of memory",
+        "MemoryError",
+        "std::bad_alloc",
+        "JavaScript heap out of memory",
+        "java.lang.OutOfMemoryError",
+        "Cannot allocate memory",
+    ];
+    let rust = stderr_tail
+        .lines()
+        .any(|l| l.contains("memory allocation of ") && l.contains(" failed"));
+    rust || MARKERS.iter().any(|m| stderr_tail.contains(m))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn dying_words_of_a_failed_allocation_name_it() {
+        for words in [
+            "memory allocation of 16777216 bytes failed\n",
+            "fatal error: runtime: out of memory\n\ngoroutine 1 [running]:",
+            "Traceback (most recent call last):\n  File \"a.py\", line 1\nMemoryError\n",
+            "terminate called after throwing an instance of 'std::bad_alloc'\n",
+            "FATAL ERROR: Reached heap limit Allocation failed - JavaScript heap out of memory",
+            "Exception in thread \"main\" java.lang.OutOfMemoryError: Java heap space",
+            "mmap: Cannot allocate memory",
+        ] {
+            assert!(ran_out_of_memory(words), "{words}");
+        }
+        for words in [
+            "",
+            "thread 'main' panicked at src/main.rs:3:5:\nindex out of bounds",
+            "Segmentation fault",
+            "allocation of memory went fine",
+            "retrying: the cache is out of memory budget",
+        ] {
+            assert!(!ran_out_of_memory(words), "{words}");
+        }
+    }
 
     #[test]
     fn a_scratch_dir_that_is_not_a_directory_fails_at_start_naming_the_setting() {

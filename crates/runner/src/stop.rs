@@ -1,0 +1,112 @@
+//! Why a run stops. The causes come from many places (an operator's kill on the wire, the time
+//! limit, the runner draining, the lease, the fence); they meet in one watch channel that the
+//! backend waits on, and [`StopReason::stands`] decides which one holds when several come.
+
+use crate::Inner;
+use futures::StreamExt;
+use std::sync::Arc;
+use tokio::sync::watch;
+use tracing::info;
+use turnpike_core::exit::StopReason;
+use turnpike_core::wire::{KillRequest, WorkItem};
+use turnpike_core::TurnId;
+
+/// The channel a run's stop reasons go into.
+pub(crate) type Stop = watch::Sender<Option<StopReason>>;
+
+/// Ask the run to stop for `why`; returns whether that changed the reason that stands.
+pub(crate) fn request(stop: &Stop, why: StopReason) -> bool {
+    stop.send_if_modified(|current| {
+        let stands = StopReason::stands(*current, why);
+        let changed = *current != Some(stands);
+        *current = Some(stands);
+        changed
+    })
+}
+
+/// Why a run whose fence moved from `ours` must stop, as the fence says now.
+pub(crate) async fn fence_moved(inner: &Inner, turn: &TurnId, ours: u64) -> StopReason {
+    match turnpike_jetstream::fence::last(&inner.bus, turn).await {
+        Ok(last) => turnpike_core::fence::check(last.as_ref(), ours)
+            .map_or(StopReason::Superseded, StopReason::fenced),
+        // Refused, so not ours any more, whichever it was.
+        Err(_) => StopReason::Superseded,
+    }
+}
+
+/// The tasks that turn a run's outside causes (an operator's kill, the time limit, the runner's
+/// hard stop) into stop requests. Stopped when dropped.
+pub(crate) struct Causes(Vec<tokio::task::JoinHandle<()>>);
+
+impl Causes {
+    /// `kills` is the turn's kill subscription, taken before the claim so no kill sent after
+    /// the claim is missed (the fence catches any the plain-NATS subscription does miss).
+    pub(crate) fn watch(
+        inner: &Arc<Inner>,
+        work: &WorkItem,
+        kills: Option<async_nats::Subscriber>,
+        stop: &Arc<Stop>,
+    ) -> Causes {
+        let attempt = work.attempt;
+        let kill = {
+            let stop = stop.clone();
+            tokio::spawn(async move {
+                let Some(mut sub) = kills else { return };
+                while let Some(m) = sub.next().await {
+                    if KillRequest::targets(&m.payload, attempt) {
+                        info!("operator kill received");
+                        request(&stop, StopReason::Operator);
+                    }
+                }
+            })
+        };
+        let timer = {
+            let stop = stop.clone();
+            let limit = inner.config.run_timeout;
+            tokio::spawn(async move {
+                tokio::time::sleep(limit).await;
+                request(&stop, StopReason::Timeout);
+            })
+        };
+        let drain = {
+            let stop = stop.clone();
+            let token = inner.hard_stop.clone();
+            tokio::spawn(async move {
+                token.cancelled().await;
+                request(&stop, StopReason::Drain);
+            })
+        };
+        Causes(vec![kill, timer, drain])
+    }
+}
+
+impl Drop for Causes {
+    fn drop(&mut self) {
+        for task in &self.0 {
+            task.abort();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_request_changes_the_reason_only_when_it_stands() {
+        let (stop, rx) = watch::channel(None);
+        assert!(request(&stop, StopReason::Timeout));
+        assert!(
+            !request(&stop, StopReason::Drain),
+            "the first lesser reason stands"
+        );
+        assert_eq!(*rx.borrow(), Some(StopReason::Timeout));
+        assert!(request(&stop, StopReason::Operator));
+        assert!(!request(&stop, StopReason::Superseded));
+        assert!(
+            !request(&stop, StopReason::Operator),
+            "the same reason again changes nothing"
+        );
+        assert_eq!(*rx.borrow(), Some(StopReason::Operator));
+    }
+}

@@ -13,7 +13,7 @@ const AGENT: &str = env!("CARGO_BIN_EXE_test-agent");
 const T: Duration = Duration::from_secs(30);
 
 #[tokio::test]
-async fn an_allocation_failure_under_rlimit_is_the_agents_crash_not_an_oom_kill() {
+async fn an_allocation_failure_under_rlimit_is_named_out_of_memory() {
     let p = Pipeline::start(AGENT, |c| {
         c.memory_limit = ByteSize(64 << 20);
         c.max_turn_retry = 1;
@@ -22,8 +22,8 @@ async fn an_allocation_failure_under_rlimit_is_the_agents_crash_not_an_oom_kill(
     let turn = send(&p.bus, "chat-p", "m-1", "oom").await;
     let record = wait_ended(&p.bus, &turn, T).await;
     let exit = record.attempts[0].exit.clone().expect("exit report");
-    // Rust aborts on a failed allocation: SIGABRT, reported as a signal death.
-    assert_eq!(exit.class, ExitClass::Signaled, "{exit:?}");
+    // Rust aborts on a failed allocation (SIGABRT) after saying why on stderr: out of memory.
+    assert_eq!(exit.class, ExitClass::OomKilled, "{exit:?}");
     assert_eq!(exit.signal, Some(6), "{exit:?}");
     assert_eq!(record.state, TurnState::GaveUp);
     p.stop().await;
@@ -105,7 +105,7 @@ async fn presence_reports_slots_in_use_as_running_attempts() {
     let answer = ops(
         &p.bus,
         turnpike_core::subjects::OPS_KILL,
-        serde_json::json!({"by": "t", "turn": turn.as_str()}),
+        turnpike_core::wire::OpsRequest::turn("t", turn.clone()),
     )
     .await;
     assert!(answer.ok, "{}", answer.message);

@@ -5,7 +5,7 @@ use futures::StreamExt;
 use std::io::Write;
 use std::time::Duration;
 use turnpike_core::lifecycle::TurnState;
-use turnpike_core::wire::{Attachment, InboundMessage, OutboundItem, OutboundKind};
+use turnpike_core::wire::{Attachment, ChatRecord, InboundMessage, OutboundItem, OutboundKind};
 use turnpike_core::{subjects, ChatId, TurnId, TurnRecord, FORMAT_VERSION};
 use turnpike_jetstream::{decode, decode_kv, Bus, Publish};
 
@@ -124,6 +124,13 @@ pub async fn send_and_follow(
         .watch(turn.as_str())
         .await
         .context("watch the turn record")?;
+    // The chat record says whether the turn really waits for an earlier one: every new turn is
+    // created waiting and joins its chat a moment later.
+    let chat_watch = bus
+        .chats
+        .watch_with_history(chat.as_str())
+        .await
+        .context("watch the chat record")?;
     let message = InboundMessage {
         v: FORMAT_VERSION,
         id: id.clone(),
@@ -138,7 +145,17 @@ pub async fn send_and_follow(
         .await
         .context("publish the message")?;
     printer.line(&format!("→ sent to {chat} as turn {turn}"));
-    follow(bus, &turn, sub, watch, timeout, printer).await
+    let watches = Watches {
+        turn: watch,
+        chat: chat_watch,
+    };
+    follow(bus, &turn, sub, watches, timeout, printer).await
+}
+
+/// The KV watches a follower reads: the turn's record and its chat's.
+pub struct Watches {
+    pub turn: async_nats::jetstream::kv::Watch,
+    pub chat: async_nats::jetstream::kv::Watch,
 }
 
 /// Print a turn's bot messages, progress, notices and attempts until it ends.
@@ -146,20 +163,23 @@ pub async fn follow(
     bus: &Bus,
     turn: &TurnId,
     mut sub: async_nats::Subscriber,
-    mut watch: async_nats::jetstream::kv::Watch,
+    mut watches: Watches,
     timeout: Duration,
     printer: &mut Printer,
 ) -> Result<FollowOutcome> {
     let deadline = tokio::time::Instant::now() + timeout;
     let mut last: Option<(TurnState, u32)> = None;
     let mut outcome = FollowOutcome::StillRunning;
+    let mut waiting = WaitNotice::default();
     // The record may exist already (a re-sent id, or a fast turn).
     if let Ok(Some(v)) = turnpike_jetstream::turns::load(bus, turn).await {
+        waiting.turn_waits = v.record.state == TurnState::Waiting;
         if let Some(o) = describe(&v.record, &mut last, printer) {
             outcome = o;
         }
     }
     while outcome == FollowOutcome::StillRunning {
+        waiting.print_once(printer);
         tokio::select! {
             _ = tokio::time::sleep_until(deadline) => {
                 printer.line("… still running; stopped following (see `turnpike turns show`)");
@@ -169,12 +189,23 @@ pub async fn follow(
                 let Some(m) = m else { break };
                 print_item(turn, &m, printer);
             }
-            e = watch.next() => {
+            e = watches.turn.next() => {
                 let Some(Ok(entry)) = e else { continue };
                 if let Ok(record) = decode_kv::<TurnRecord>(&entry.value) {
+                    waiting.turn_waits = record.state == TurnState::Waiting;
                     if let Some(o) = describe(&record, &mut last, printer) {
                         outcome = o;
                     }
+                }
+            }
+            e = watches.chat.next() => {
+                let Some(Ok(entry)) = e else { continue };
+                if let Ok(chat) = decode_kv::<ChatRecord>(&entry.value) {
+                    waiting.behind = chat
+                        .waiting
+                        .contains(turn)
+                        .then(|| chat.live.clone())
+                        .flatten();
                 }
             }
         }
@@ -185,6 +216,32 @@ pub async fn follow(
         print_item(turn, &m, printer);
     }
     Ok(outcome)
+}
+
+/// "waiting for the chat's earlier turn", said once, and only while the turn's record is waiting
+/// and its chat record queues it behind another live turn.
+#[derive(Default)]
+struct WaitNotice {
+    turn_waits: bool,
+    behind: Option<TurnId>,
+    said: bool,
+}
+
+impl WaitNotice {
+    fn print_once(&mut self, printer: &mut Printer) {
+        if self.said || !self.turn_waits {
+            return;
+        }
+        if let Some(earlier) = &self.behind {
+            printer.line(&format!("   waiting for the chat's earlier turn {earlier}"));
+            self.said = true;
+        }
+    }
+}
+
+/// "1 attempt", "3 attempts".
+pub fn attempts(n: u32) -> String {
+    turnpike_core::texts::count(n.into(), "attempt", "attempts")
 }
 
 fn print_item(turn: &TurnId, m: &async_nats::Message, printer: &mut Printer) {
@@ -212,7 +269,8 @@ fn describe(
     if *last != Some(now_key) {
         *last = Some(now_key);
         match r.state {
-            TurnState::Waiting => printer.line("   waiting for the chat's earlier turn"),
+            // Said by `WaitNotice`, and only when an earlier turn holds the chat.
+            TurnState::Waiting => {}
             TurnState::Queued => printer.line(&format!(
                 "   attempt {} of {} queued",
                 r.attempt, r.max_attempts
@@ -244,7 +302,7 @@ fn describe(
                     r.max_attempts
                 ));
             }
-            s => printer.line(&format!("   turn {s} after {} attempt(s)", r.attempt)),
+            s => printer.line(&format!("   turn {s} after {}", attempts(r.attempt))),
         }
     }
     (r.state.is_terminal() && r.outbox.is_empty()).then(|| FollowOutcome::of(r))

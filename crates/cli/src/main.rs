@@ -113,12 +113,15 @@ enum DashboardCmd {
 }
 
 fn init_logs(config: &Config) {
+    use std::io::IsTerminal;
     let filter = tracing_subscriber::EnvFilter::try_from_env("RUST_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(&config.log));
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .with_target(false)
+        // Colour only for a person at a terminal: escape codes in a log file or journal are noise.
+        .with_ansi(std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none())
         .compact()
         .init();
 }
@@ -213,10 +216,27 @@ fn main() -> std::process::ExitCode {
     match runtime.block_on(run(cli.command, config, cli.json)) {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("turnpike: {e:#}");
+            eprintln!("turnpike: {}", cause_chain(&e));
             std::process::ExitCode::FAILURE
         }
     }
+}
+
+/// An error and its causes on one line, each said once: many errors quote their source in their
+/// own message, so `{:#}` would repeat it ("Connection refused" three times).
+pub(crate) fn cause_chain(e: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if out.contains(&text) {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push_str(": ");
+        }
+        out.push_str(&text);
+    }
+    out
 }
 
 async fn run(command: Command, config: Config, json: bool) -> Result<std::process::ExitCode> {
@@ -246,11 +266,11 @@ async fn run(command: Command, config: Config, json: bool) -> Result<std::proces
                     })??;
             }
             println!(
-                "topology ready on {}: {} streams and buckets, {} consumers, {} replica(s)",
+                "topology ready on {}: {} streams and buckets, {} consumers, {}",
                 turnpike_jetstream::describe_servers(&config),
                 turnpike_jetstream::topology::STREAM_FILES.len(),
                 turnpike_jetstream::topology::CONSUMER_FILES.len(),
-                config.replicas
+                turnpike_core::texts::count(config.replicas as u64, "replica", "replicas")
             );
             Ok(ExitCode::SUCCESS)
         }
@@ -260,7 +280,7 @@ async fn run(command: Command, config: Config, json: bool) -> Result<std::proces
                 Ok(ExitCode::SUCCESS)
             }
             Err(e) => {
-                println!("unhealthy: {e:#}");
+                println!("unhealthy: {}", cause_chain(&e));
                 Ok(ExitCode::FAILURE)
             }
         },

@@ -10,7 +10,7 @@ use serde::Serialize;
 use std::process::ExitCode;
 use std::time::Duration;
 use turnpike_core::lifecycle::TurnState;
-use turnpike_core::wire::{ChatRecord, OpsReply, RunnerPresence};
+use turnpike_core::wire::{ChatRecord, OpsReply, OpsRequest, RunnerPresence};
 use turnpike_core::{subjects, ChatId, TurnId, TurnRecord};
 use turnpike_jetstream::{decode_kv, now, turns, Bus};
 
@@ -165,22 +165,12 @@ pub async fn turns_cmd(bus: &Bus, cmd: TurnsCmd, json: bool) -> Result<ExitCode>
             Ok(ExitCode::SUCCESS)
         }
         TurnsCmd::Kill { turn, by } => {
-            action(
-                bus,
-                subjects::OPS_KILL,
-                serde_json::json!({"by": by, "turn": turn}),
-                json,
-            )
-            .await
+            let turn = TurnId::new(turn).context("turn id")?;
+            action(bus, subjects::OPS_KILL, &OpsRequest::turn(by, turn), json).await
         }
         TurnsCmd::Rerun { turn, by } => {
-            action(
-                bus,
-                subjects::OPS_RERUN,
-                serde_json::json!({"by": by, "turn": turn}),
-                json,
-            )
-            .await
+            let turn = TurnId::new(turn).context("turn id")?;
+            action(bus, subjects::OPS_RERUN, &OpsRequest::turn(by, turn), json).await
         }
     }
 }
@@ -257,11 +247,11 @@ fn show(r: &TurnRecord) {
     }
 }
 
-async fn action(bus: &Bus, subject: &str, req: serde_json::Value, json: bool) -> Result<ExitCode> {
+async fn action(bus: &Bus, subject: &str, req: &OpsRequest, json: bool) -> Result<ExitCode> {
+    let body = bytes::Bytes::from(req.to_json());
     let reply = tokio::time::timeout(
         Duration::from_secs(15),
-        bus.client
-            .request(subject.to_owned(), bytes::Bytes::from(req.to_string())),
+        bus.client.request(subject.to_owned(), body),
     )
     .await
     .map_err(|_| {
@@ -319,13 +309,7 @@ pub async fn chats_cmd(bus: &Bus, cmd: ChatsCmd, json: bool) -> Result<ExitCode>
         }
         ChatsCmd::Clear { chat, by } => {
             let chat = ChatId::new(chat).context("chat id")?;
-            action(
-                bus,
-                subjects::OPS_CLEAR,
-                serde_json::json!({"by": by, "chat": chat}),
-                json,
-            )
-            .await
+            action(bus, subjects::OPS_CLEAR, &OpsRequest::chat(by, chat), json).await
         }
     }
 }
@@ -437,17 +421,23 @@ pub async fn status_cmd(bus: &Bus, json: bool) -> Result<ExitCode> {
         print_json(&s)?;
     } else {
         println!(
-            "work queue      {} attempt(s) waiting for a runner",
-            s.queue_depth
+            "work queue      {} waiting for a runner",
+            turnpike_core::texts::count(s.queue_depth, "attempt", "attempts")
         );
         println!(
             "turns           {} running, {} queued, {} pending retry, {} waiting for their chat",
             s.running, s.queued, s.pending_retry, s.waiting
         );
-        println!("gave up (1 h)   {} chat(s) flagged", s.gave_up_last_hour);
+        use turnpike_core::texts::count;
         println!(
-            "capacity        {} runner(s), {}/{} slots in use",
-            s.runners, s.slots_in_use, s.slots
+            "gave up (1 h)   {} flagged",
+            count(s.gave_up_last_hour, "chat", "chats")
+        );
+        println!(
+            "capacity        {}, {}/{} slots in use",
+            count(s.runners as u64, "runner", "runners"),
+            s.slots_in_use,
+            s.slots
         );
     }
     Ok(ExitCode::SUCCESS)

@@ -140,7 +140,10 @@ pub async fn run(mut config: Config, demo: bool) -> Result<ExitCode> {
     };
     while let Some(r) = roles.join_next().await {
         if let Ok(Err(e)) = r {
-            eprintln!("turnpike: a role stopped with an error: {e:#}");
+            eprintln!(
+                "turnpike: a role stopped with an error: {}",
+                crate::cause_chain(&e)
+            );
         }
     }
     drop(nats);
@@ -151,9 +154,9 @@ pub async fn run(mut config: Config, demo: bool) -> Result<ExitCode> {
 async fn script(bus: &Bus, config: &Config) -> Result<bool> {
     let limit = config.attempt_limit();
     println!(
-        "Turnpike demo: MAX_TURN_RETRY={} ({} attempt(s) per turn), retry delay {}, {} backend.",
+        "Turnpike demo: MAX_TURN_RETRY={} ({} per turn), retry delay {}, {} backend.",
         config.max_turn_retry,
-        limit,
+        crate::follow::attempts(limit),
         humantime::format_duration(config.retry_delay),
         config.runner_backend
     );

@@ -2,6 +2,7 @@
 
 use std::process::Output;
 use std::time::Duration;
+use tokio::io::AsyncBufReadExt;
 use turnpike_tests::*;
 
 const TURNPIKE: &str = env!("CARGO_BIN_EXE_turnpike");
@@ -46,6 +47,8 @@ async fn operator_commands_on_a_running_pipeline() {
         stdout(&o)
     );
     assert!(stdout(&o).contains("attempt 1 of 2"), "{}", stdout(&o));
+    // A new chat's first turn waits for nothing, and does not say it does.
+    assert!(!stdout(&o).contains("waiting for"), "{}", stdout(&o));
 
     // send: every attempt dies → the give-up notice, exit 4.
     let o = turnpike(&url, &["send", "--chat", "cli-2", "die-until:99"]).await;
@@ -56,6 +59,7 @@ async fn operator_commands_on_a_running_pipeline() {
         out.contains("⚠ Agent couldn't complete this request after 2 attempts."),
         "{out}"
     );
+    assert!(out.contains("turn gave_up after 2 attempts"), "{out}");
 
     // send --attach: the file reaches the agent.
     let dir = tempfile::tempdir().expect("temp dir");
@@ -147,10 +151,60 @@ async fn operator_commands_on_a_running_pipeline() {
     assert_eq!(status["slots"], 2);
     let o = turnpike(&url, &["status"]).await;
     assert!(
-        stdout(&o).contains("capacity        1 runner(s)"),
+        stdout(&o).contains("capacity        1 runner, "),
         "{}",
         stdout(&o)
     );
+
+    // A turn behind a running one in its chat says whose end it waits for, then runs once the
+    // earlier one ends (killed here).
+    let o = turnpike(
+        &url,
+        &["send", "--chat", "cli-5", "--timeout", "1s", "hang"],
+    )
+    .await;
+    assert_eq!(o.status.code(), Some(6), "{}{}", stdout(&o), stderr(&o));
+    let first = stdout(&o)
+        .split_whitespace()
+        .skip_while(|w| *w != "turn")
+        .nth(1)
+        .map(str::to_owned)
+        .expect("the first turn's id");
+    let mut second = tokio::process::Command::new(TURNPIKE)
+        .args([
+            "send",
+            "--chat",
+            "cli-5",
+            "--timeout",
+            "60s",
+            "reply:second",
+        ])
+        .env("TURNPIKE_NATS_URL", &url)
+        .env("TURNPIKE_LOG", "error")
+        .env_remove("MAX_TURN_RETRY")
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("run turnpike send");
+    let mut lines = tokio::io::BufReader::new(second.stdout.take().expect("stdout")).lines();
+    let mut seen = Vec::new();
+    let wanted = format!("waiting for the chat's earlier turn {first}");
+    while !seen.iter().any(|l: &String| l.contains(&wanted)) {
+        let line = tokio::time::timeout(Duration::from_secs(60), lines.next_line())
+            .await
+            .expect("send printed within 60 s")
+            .expect("read stdout")
+            .unwrap_or_else(|| panic!("send ended without {wanted:?}: {seen:?}"));
+        seen.push(line);
+    }
+    let o = turnpike(&url, &["turns", "kill", &first]).await;
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    while let Some(line) = lines.next_line().await.expect("read stdout") {
+        seen.push(line);
+    }
+    let status = second.wait().await.expect("send exits");
+    assert_eq!(status.code(), Some(0), "{seen:?}");
+    assert!(seen.iter().any(|l| l == "bot: second"), "{seen:?}");
 
     // watch: sees a change live.
     let watcher = tokio::spawn({
@@ -185,6 +239,8 @@ async fn errors_say_what_failed_and_what_to_do() {
         "{err}"
     );
     assert!(err.contains("is `turnpike up`"), "{err}");
+    // The cause is said once, not once per layer that wraps it.
+    assert_eq!(err.matches("refused").count(), 1, "{err}");
 
     let o = tokio::process::Command::new(TURNPIKE)
         .args(["status"])
@@ -220,11 +276,21 @@ async fn turnpike_up_runs_the_pipeline_and_stops_cleanly_on_ctrl_c() {
         .env("TURNPIKE_DASHBOARD_LISTEN", &dashboard)
         .env("TURNPIKE_METRICS_LISTEN", &metrics)
         .env("TURNPIKE_STATE_DIR", state.path())
-        .env("TURNPIKE_LOG", "warn")
+        .env("TURNPIKE_LOG", "info")
         .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
         .kill_on_drop(true)
         .spawn()
         .expect("start turnpike up");
+    // Its logs, read as they come (a full pipe would stall it).
+    let logs = {
+        let mut stderr = up.stderr.take().expect("stderr");
+        tokio::spawn(async move {
+            let mut text = String::new();
+            let _ = tokio::io::AsyncReadExt::read_to_string(&mut stderr, &mut text).await;
+            text
+        })
+    };
     // Ready once `send` gets an answer through it.
     let o = turnpike_testkit::eventually(Duration::from_secs(60), "turnpike up answering", || {
         let url = url.clone();
@@ -250,9 +316,19 @@ async fn turnpike_up_runs_the_pipeline_and_stops_cleanly_on_ctrl_c() {
     let (status, _, _) =
         turnpike_testkit::http(&format!("http://{dashboard}"), "GET", "/healthz", &[], "").await;
     assert_eq!(status, 200);
-    let (status, _, text) =
-        turnpike_testkit::http(&format!("http://{metrics}"), "GET", "/metrics", &[], "").await;
-    assert_eq!(status, 200);
+    // The coordinator counts a turn's end just after the record `send` saw was written: wait
+    // for the count rather than race it.
+    let text = turnpike_testkit::eventually(Duration::from_secs(30), "the turn counted", || {
+        let metrics = metrics.clone();
+        async move {
+            let (status, _, text) =
+                turnpike_testkit::http(&format!("http://{metrics}"), "GET", "/metrics", &[], "")
+                    .await;
+            (status == 200 && text.contains("turnpike_turns_ended_total{state=\"done\"}"))
+                .then_some(text)
+        }
+    })
+    .await;
     // (`send` may have been tried more than once while `up` was starting: at least one each.)
     let value = |series: &str| -> f64 {
         text.lines()
@@ -276,6 +352,10 @@ async fn turnpike_up_runs_the_pipeline_and_stops_cleanly_on_ctrl_c() {
         .expect("turnpike up stopped within 30 s")
         .expect("wait");
     assert!(status.success(), "{status:?}");
+    // Logs to a pipe are plain text: no colour escape codes.
+    let logs = logs.await.expect("log reader");
+    assert!(logs.contains("INFO"), "{logs}");
+    assert!(!logs.contains('\u{1b}'), "{logs}");
     // Its nats-server is gone too.
     assert!(std::net::TcpStream::connect(("127.0.0.1", port)).is_err());
 }

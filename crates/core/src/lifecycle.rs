@@ -673,7 +673,10 @@ fn finish_after(
         }
     }
     let flag = match reason {
-        OutcomeReason::BudgetSpent => Some(format!("gave up after {attempts} attempt(s)")),
+        OutcomeReason::BudgetSpent => Some(format!(
+            "gave up after {}",
+            crate::texts::count(attempts.into(), "attempt", "attempts")
+        )),
         OutcomeReason::CouldNotStart => Some("agent could not start".to_owned()),
         _ => None,
     };

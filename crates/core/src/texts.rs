@@ -2,8 +2,15 @@
 
 /// Sent once when every attempt died without a bot message. `attempts` is the number actually made.
 pub fn give_up_notice(attempts: u32) -> String {
-    let noun = if attempts == 1 { "attempt" } else { "attempts" };
-    format!("⚠ Agent couldn't complete this request after {attempts} {noun}.")
+    format!(
+        "⚠ Agent couldn't complete this request after {}.",
+        count(attempts.into(), "attempt", "attempts")
+    )
+}
+
+/// `n` and its noun in the right number: "1 attempt", "3 attempts", "0 attempts".
+pub fn count(n: u64, one: &str, many: &str) -> String {
+    format!("{n} {}", if n == 1 { one } else { many })
 }
 
 /// Sent when a turn failed and was not retried (agent-reported failure, could not start, or a death
@@ -46,13 +53,27 @@ pub fn truncate(text: &str, max: usize) -> std::borrow::Cow<'_, str> {
 
 /// The history entry that stands for entries left out to keep a chat's history in its budget.
 pub fn history_cut_note(dropped: u64) -> String {
-    let noun = if dropped == 1 { "message" } else { "messages" };
-    format!("[{dropped} earlier {noun} of this chat were left out to keep the history within its size limit]")
+    let verb = if dropped == 1 { "was" } else { "were" };
+    let dropped = count(dropped, "earlier message", "earlier messages");
+    format!("[{dropped} of this chat {verb} left out to keep the history within its size limit]")
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn counts_agree_in_number() {
+        assert_eq!(count(1, "attempt", "attempts"), "1 attempt");
+        assert_eq!(count(0, "attempt", "attempts"), "0 attempts");
+        assert_eq!(count(3, "attempt", "attempts"), "3 attempts");
+        assert_eq!(
+            give_up_notice(1),
+            "⚠ Agent couldn't complete this request after 1 attempt."
+        );
+        assert!(history_cut_note(1).starts_with("[1 earlier message of this chat was left out"));
+        assert!(history_cut_note(2).starts_with("[2 earlier messages of this chat were left out"));
+    }
 
     #[test]
     fn truncation_keeps_a_prefix_and_says_how_long_the_text_was() {

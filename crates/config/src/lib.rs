@@ -1,8 +1,17 @@
 //! Turnpike's configuration: one typed struct, read from defaults < `turnpike.toml` < environment.
 //!
-//! Every key can be set in the file by its field name (`runner_slots = 4`) and in the environment
-//! as `TURNPIKE_<FIELD>` in upper case (`TURNPIKE_RUNNER_SLOTS=4`). The retry budget is also read
-//! from `MAX_TURN_RETRY`, by that exact name, which wins over `TURNPIKE_MAX_TURN_RETRY`.
+//! The file is `turnpike.toml` in the working directory, or the one named by `--config FILE` or
+//! `$TURNPIKE_CONFIG`. Every key can be set in the file by its field name (`runner_slots = 4`) and
+//! in the environment as `TURNPIKE_<FIELD>` in upper case (`TURNPIKE_RUNNER_SLOTS=4`). The retry
+//! budget is also read from `MAX_TURN_RETRY`, by that exact name, which wins over
+//! `TURNPIKE_MAX_TURN_RETRY`.
+//!
+//! Durations are written like `10s`, `250ms`, `30m`, `1h 30m` (or whole seconds); sizes like
+//! `512MiB`, `64m` (k/m/g and KiB/MiB/GiB are powers of 1024, KB/MB/GB of 1000). A bad value stops
+//! the program with one error naming the key and the value.
+//!
+//! `docs/configuration.md` is generated from this file's doc comments (`tests/doc.rs` checks it
+//! is current; `TURNPIKE_BLESS=1 cargo test -p turnpike-config --test doc` rewrites it).
 
 use figment::providers::{Env, Format, Serialized, Toml};
 use figment::Figment;
@@ -44,7 +53,8 @@ pub enum PayloadCodec {
     Msgpack,
 }
 
-/// Every setting, with its default. The README documents each one.
+/// Every setting, with its default. Each field's doc comment is its documentation
+/// (`docs/configuration.md` is generated from them), so every field has one.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct Config {
@@ -53,30 +63,38 @@ pub struct Config {
     pub nats_url: String,
     /// A `.creds` file (JWT + nkey seed).
     pub nats_creds: Option<PathBuf>,
+    /// User name, with `nats_password` or `nats_password_file`.
     pub nats_user: Option<String>,
+    /// Password of `nats_user`.
     pub nats_password: Option<String>,
     /// A file holding the password (credentials mounted as files, e.g. Docker secrets);
     /// trailing white space is ignored.
     pub nats_password_file: Option<PathBuf>,
+    /// Token authentication.
     pub nats_token: Option<String>,
-    /// Prefix of this client's reply subjects (default `_INBOX`), so NATS permissions can give
-    /// each role only its own replies.
+    /// Prefix of this client's reply subjects (default `_INBOX`; `_INBOX_<role>` in the cluster),
+    /// so NATS permissions can give each role only its own replies.
     pub nats_inbox_prefix: Option<String>,
     /// Require TLS; with `nats_tls_ca` to trust a private CA, and cert + key for mutual TLS.
     pub nats_tls: bool,
+    /// A CA certificate (PEM) to trust for the servers.
     pub nats_tls_ca: Option<PathBuf>,
+    /// This client's certificate (PEM), for mutual TLS; with `nats_tls_key`.
     pub nats_tls_cert: Option<PathBuf>,
+    /// This client's private key (PEM), for mutual TLS.
     pub nats_tls_key: Option<PathBuf>,
     /// Replicas of every stream and bucket: 1 on one server, 3 in a cluster.
     pub replicas: usize,
     /// Create or update the streams, consumers and buckets at start-up. Roles that run with
     /// least-privilege credentials set it to false and wait for `turnpike setup` to do it.
     pub manage_topology: bool,
-    /// Codec for payloads Turnpike writes (readers accept both).
+    /// Codec for payloads Turnpike writes: `json` or `msgpack` (readers accept both).
     pub codec: PayloadCodec,
 
     // --- Retries ------------------------------------------------------------------------------
-    /// Attempts a turn may get, the first included; 0 and 1 both mean one attempt, no retries.
+    /// Attempts a turn may get, the first included; **0 and 1 both mean one attempt, no
+    /// retries**. Also read as `MAX_TURN_RETRY`. Stored in each turn when it is created, so
+    /// changing it never alters a turn in flight.
     pub max_turn_retry: u32,
     /// Flat delay between a death and the next attempt.
     #[serde(with = "units::duration")]
@@ -118,10 +136,14 @@ pub struct Config {
     pub attachments_store_max_bytes: ByteSize,
 
     // --- Runner -------------------------------------------------------------------------------
-    /// Stable id of this runner (default: the host name).
+    /// Stable id of this runner (default: the host name). A host name with characters an id
+    /// cannot hold is cleaned and gets a short hash of the original, so two names never share
+    /// an id.
     pub runner_id: Option<String>,
     /// Attempts this runner runs at once.
     pub runner_slots: u32,
+    /// `docker` (one container per attempt) or `process` (one child process per attempt);
+    /// `turnpike up` uses `process` unless this is set.
     pub runner_backend: Backend,
     /// Image of agent containers (docker backend).
     pub agent_image: String,
@@ -134,18 +156,19 @@ pub struct Config {
     /// A claim not renewed for this long is dead (runner lost).
     #[serde(with = "units::duration")]
     pub lease: Duration,
-    /// How often a runner renews its claims and presence.
+    /// How often a runner renews its claims and presence (at most half of `lease`).
     #[serde(with = "units::duration")]
     pub heartbeat: Duration,
 
     // --- Retention (storage stays bounded) ----------------------------------------------------
-    /// Turn records (live and finished) are kept this long after their last update.
+    /// Turn records (live and finished), claims, leases and work items are kept this long after
+    /// their last update.
     #[serde(with = "units::duration")]
     pub retention_turns: Duration,
-    /// Runner events.
+    /// Runner events and runner presence.
     #[serde(with = "units::duration")]
     pub retention_events: Duration,
-    /// Inbound and outbound chat streams.
+    /// Inbound and outbound chat streams, and chat records.
     #[serde(with = "units::duration")]
     pub retention_chat: Duration,
     /// Attachments in the object store.
@@ -176,15 +199,17 @@ pub struct Config {
     /// Serve the dashboard over HTTPS with this certificate chain and key (PEM files); both or
     /// neither. With TLS, the session cookie is `Secure`.
     pub dashboard_tls_cert: Option<PathBuf>,
+    /// The private key (PEM) of `dashboard_tls_cert`.
     pub dashboard_tls_key: Option<PathBuf>,
     /// Where a role serves its own `/metrics` (Prometheus text format), e.g. `0.0.0.0:9464`;
     /// off when unset. `turnpike up` serves all its roles' there.
     pub metrics_listen: Option<String>,
 
     // --- Local pipeline (`turnpike up`) -------------------------------------------------------
-    /// Where `turnpike up` keeps nats-server's store (default: the user's state dir).
+    /// Where `turnpike up` keeps nats-server's store (default: `~/.local/state/turnpike`).
     pub state_dir: Option<PathBuf>,
-    /// Log filter (`info`, `turnpike=debug`, … as for `RUST_LOG`).
+    /// Log filter (`info`, `turnpike=debug`, … as for `RUST_LOG`, which wins when set). Logs are
+    /// coloured only on a terminal, and never with `NO_COLOR` set.
     pub log: String,
 }
 

@@ -15,6 +15,7 @@
 mod census;
 mod dashboard;
 mod extra;
+mod report;
 
 use anyhow::{Context, Result};
 use census::Op;
@@ -43,7 +44,8 @@ struct Cli {
 enum What {
     /// Every measurement below, one after another.
     All {
-        /// Append the results to this Markdown file (e.g. BENCHMARKS.md).
+        /// Make this run the latest in this Markdown file (BENCHMARKS.md); the run it replaces
+        /// moves to docs/benchmarks/history.md beside it, the plots to docs/img/.
         #[arg(long)]
         write: Option<std::path::PathBuf>,
         /// Turns per pipeline run.
@@ -168,20 +170,13 @@ fn main() -> Result<()> {
         What::All { write, turns } => {
             let rt = runtime()?;
             let plot_dir = write
-                .as_ref()
-                .and_then(|p| p.parent().map(|d| d.to_path_buf()))
-                .filter(|d| !d.as_os_str().is_empty())
+                .as_deref()
+                .map(|p| report::dir_of(p).join(report::PLOTS))
                 .unwrap_or_else(|| std::path::PathBuf::from("."));
-            let report = rt.block_on(all(turns, &plot_dir))?;
-            print!("{report}");
+            let run = rt.block_on(all(turns, &plot_dir))?;
+            print!("{run}");
             if let Some(path) = write {
-                let mut existing = std::fs::read_to_string(&path).unwrap_or_default();
-                if existing.is_empty() {
-                    existing.push_str(HEADER);
-                }
-                existing.push_str(&report);
-                std::fs::write(&path, existing)
-                    .with_context(|| format!("write {}", path.display()))?;
+                report::write(&path, &run)?;
             }
             Ok(())
         }
@@ -194,10 +189,6 @@ fn runtime() -> Result<tokio::runtime::Runtime> {
         .enable_all()
         .build()?)
 }
-
-const HEADER: &str = "# Benchmarks\n\nProduced by `bash deploy/build-images.sh && cargo build --release -p turnpike-bench && \
-                      target/release/turnpike-bench all --write BENCHMARKS.md`; \
-each section is one run, newest last. Every figure stands next to a baseline measured in the same run.\n";
 
 /// Alternating pipeline/baseline rounds per runner count.
 const ROUNDS: usize = 3;
@@ -757,7 +748,8 @@ async fn all(turns: usize, plot_dir: &std::path::Path) -> Result<String> {
         .unwrap_or_else(|| "?".into());
     writeln!(
         out,
-        "\n## {} — {cores} cores, {mem}, nats-server from $TURNPIKE_NATS_SERVER or PATH\n\n`bash deploy/build-images.sh && cargo build --release -p turnpike-bench && target/release/turnpike-bench all --turns {turns} --write BENCHMARKS.md`",
+        "{}{} — {cores} cores, {mem}, nats-server from $TURNPIKE_NATS_SERVER or PATH\n\n`bash deploy/build-images.sh && cargo build --release -p turnpike-bench && target/release/turnpike-bench all --turns {turns} --write BENCHMARKS.md`",
+        report::LATEST,
         turnpike_jetstream::now()
     )?;
     pipeline_overhead(&mut out, turns, 4).await?;
@@ -775,7 +767,7 @@ async fn all(turns: usize, plot_dir: &std::path::Path) -> Result<String> {
                 .iter()
                 .filter_map(|p| {
                     p.file_name()
-                        .map(|n| format!("![{0}]({0})", n.to_string_lossy()))
+                        .map(|n| format!("![{0}]({1}/{0})", n.to_string_lossy(), report::PLOTS))
                 })
                 .collect();
             writeln!(out, "\n{}", names.join(" "))?;

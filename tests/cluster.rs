@@ -595,34 +595,75 @@ impl Partial {
     }
 
     /// Remove every container and the network of this cluster (synchronous: runs in Drop).
+    ///
+    /// A runner still alive while its cluster is removed can start a turn container after the
+    /// listing, and the engine can refuse a removal while it is busy: so list and remove again
+    /// until nothing of the cluster is left (bounded), and say what could not be removed.
     fn remove_all(&self, runner_ids: &[String]) {
-        let mut ids: Vec<String> = docker_cli(&[
-            "ps",
-            "-aq",
-            "--filter",
-            &format!("label={LABEL}={}", self.id),
-        ])
-        .lines()
-        .map(str::to_owned)
-        .collect();
-        for r in runner_ids {
-            ids.extend(
-                docker_cli(&[
-                    "ps",
-                    "-aq",
-                    "--filter",
-                    &format!("label=turnpike.runner={r}"),
-                ])
-                .lines()
-                .map(str::to_owned),
-            );
+        let mut filters = vec![
+            format!("label={LABEL}={}", self.id),
+            // Turn containers carry the runner's label, and their names start with its id.
+            format!("name=^turnpike-tpf{}-", self.id),
+        ];
+        filters.extend(
+            runner_ids
+                .iter()
+                .map(|r| format!("label=turnpike.runner={r}")),
+        );
+        for round in 1..=10 {
+            let mut ids: Vec<String> = Vec::new();
+            for f in &filters {
+                let (ok, out) = docker_cli_checked(&["ps", "-aq", "--filter", f]);
+                if !ok {
+                    eprintln!(
+                        "cluster {}: listing containers ({f}) failed: {out}",
+                        self.id
+                    );
+                }
+                ids.extend(
+                    out.lines()
+                        .filter(|l| !l.trim().is_empty())
+                        .map(str::to_owned),
+                );
+            }
+            ids.sort();
+            ids.dedup();
+            let network_left = docker_cli(&[
+                "network",
+                "ls",
+                "-q",
+                "--filter",
+                &format!("name=^{}$", self.network),
+            ])
+            .lines()
+            .any(|l| !l.trim().is_empty());
+            if ids.is_empty() && !network_left {
+                return;
+            }
+            if !ids.is_empty() {
+                let mut args = vec!["rm", "-f", "-v"];
+                args.extend(ids.iter().map(String::as_str));
+                let (ok, out) = docker_cli_checked(&args);
+                if !ok {
+                    eprintln!(
+                        "cluster {} (round {round}): removing containers: {out}",
+                        self.id
+                    );
+                }
+            }
+            let (ok, out) = docker_cli_checked(&["network", "rm", &self.network]);
+            if !ok && round > 1 {
+                eprintln!(
+                    "cluster {} (round {round}): removing the network: {out}",
+                    self.id
+                );
+            }
+            std::thread::sleep(std::time::Duration::from_millis(500));
         }
-        if !ids.is_empty() {
-            let mut args = vec!["rm", "-f", "-v"];
-            args.extend(ids.iter().map(String::as_str));
-            docker_cli(&args);
-        }
-        docker_cli(&["network", "rm", &self.network]);
+        eprintln!(
+            "cluster {}: containers or the network outlived 10 removal rounds",
+            self.id
+        );
     }
 }
 
@@ -640,6 +681,15 @@ fn health_check(role: &str) -> HealthConfig {
         timeout: Some(10 * SEC),
         retries: Some(3),
         ..Default::default()
+    }
+}
+
+/// Run the docker CLI: whether it succeeded, and its stdout (or its stderr when it failed).
+fn docker_cli_checked(args: &[&str]) -> (bool, String) {
+    match std::process::Command::new("docker").args(args).output() {
+        Ok(o) if o.status.success() => (true, String::from_utf8_lossy(&o.stdout).into_owned()),
+        Ok(o) => (false, String::from_utf8_lossy(&o.stderr).trim().to_owned()),
+        Err(e) => (false, e.to_string()),
     }
 }
 

@@ -74,3 +74,58 @@ pub fn lost_cas(e: &(dyn std::error::Error + 'static)) -> bool {
     }
     false
 }
+
+#[cfg(test)]
+mod tests {
+    use super::lost_cas;
+    use async_nats::jetstream::context::{PublishError, PublishErrorKind};
+    use async_nats::jetstream::kv::{UpdateError, UpdateErrorKind};
+
+    /// The server's API error as it comes back in a publish acknowledgement.
+    fn api_error(err_code: u64, description: &str) -> async_nats::jetstream::Error {
+        serde_json::from_value(serde_json::json!({
+            "code": 400, "err_code": err_code, "description": description
+        }))
+        .expect("the API error shape")
+    }
+
+    /// A KV update that lost its compare-and-set in an R3 stream, as async-nats builds it: the
+    /// acknowledgement's error 10164 becomes a publish error of kind Other, then an update error
+    /// of kind Other. The kind alone does not say "conflict" (what the CAS loops checked before
+    /// `lost_cas`, so a kill racing a claim was refused); `lost_cas` does.
+    #[test]
+    fn a_lost_cas_in_a_replicated_stream_is_a_conflict_not_a_failure() {
+        let ack = PublishError::with_source(
+            PublishErrorKind::Other,
+            api_error(10164, "wrong last sequence constant"),
+        );
+        let update = UpdateError::from(ack);
+        assert_eq!(update.kind(), UpdateErrorKind::Other);
+        assert!(lost_cas(&update));
+
+        let single = PublishError::with_source(
+            PublishErrorKind::WrongLastSequence,
+            api_error(10071, "wrong last sequence: 7"),
+        );
+        assert!(lost_cas(&single));
+        assert_eq!(
+            UpdateError::from(single).kind(),
+            UpdateErrorKind::WrongLastRevision
+        );
+    }
+
+    #[test]
+    fn other_failures_are_not_conflicts() {
+        let full = UpdateError::from(PublishError::with_source(
+            PublishErrorKind::Other,
+            api_error(10047, "insufficient resources"),
+        ));
+        assert!(!lost_cas(&full));
+        let io = UpdateError::with_source(
+            UpdateErrorKind::Other,
+            std::io::Error::other("connection reset"),
+        );
+        assert!(!lost_cas(&io));
+        assert!(!lost_cas(&UpdateError::new(UpdateErrorKind::TimedOut)));
+    }
+}

@@ -62,6 +62,7 @@ pub async fn page_time(out: &mut String, stored: usize) -> Result<()> {
                 turn: TurnId::for_message(&chat, "x"),
                 at: Timestamp(1_800_000_000_000),
                 reason: "gave up after 3 attempts".into(),
+                cause: Some(turnpike_core::wire::ChatErrorCause::GaveUp),
             }),
             cleared: vec![],
         };

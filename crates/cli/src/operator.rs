@@ -10,7 +10,7 @@ use serde::Serialize;
 use std::process::ExitCode;
 use std::time::Duration;
 use turnpike_core::lifecycle::TurnState;
-use turnpike_core::wire::{ChatRecord, OpsReply, OpsRequest, RunnerPresence};
+use turnpike_core::wire::{ChatErrorCause, ChatRecord, OpsReply, OpsRequest, RunnerPresence};
 use turnpike_core::{subjects, ChatId, TurnId, TurnRecord};
 use turnpike_jetstream::{decode_kv, now, turns, Bus};
 
@@ -220,7 +220,7 @@ fn show(r: &TurnRecord) {
                     .unwrap_or_else(|| "-".into()),
                 exit.map(|e| e.ended_at.to_string())
                     .unwrap_or_else(|| "-".into()),
-                exit.map(|e| format!("{:?}", e.class).to_lowercase())
+                exit.map(|e| e.class.to_string())
                     .unwrap_or_else(|| "-".into()),
                 a.messages_landed.to_string(),
                 if a.preamble.is_some() { "yes" } else { "no" }.into(),
@@ -405,9 +405,9 @@ pub async fn status_cmd(bus: &Bus, json: bool) -> Result<ExitCode> {
     for k in keys(&bus.chats).await? {
         if let Ok(Some(v)) = bus.chats.get(&k).await {
             if let Ok(c) = decode_kv::<ChatRecord>(&v) {
-                if c.errored
-                    .is_some_and(|e| e.at.millis() >= hour_ago && e.reason.starts_with("gave up"))
-                {
+                if c.errored.is_some_and(|e| {
+                    e.at.millis() >= hour_ago && e.cause == Some(ChatErrorCause::GaveUp)
+                }) {
                     s.gave_up_last_hour += 1;
                 }
             }

@@ -7,7 +7,7 @@
 
 use crate::history::{self, Budget};
 use crate::ids::{ChatId, TurnId};
-use crate::lifecycle::TurnRecord;
+use crate::record::TurnRecord;
 use crate::wire::{ChatRecord, HistoryEntry, Role};
 use crate::FORMAT_VERSION;
 

@@ -19,6 +19,7 @@ pub mod fence;
 pub mod history;
 pub mod ids;
 pub mod lifecycle;
+pub mod record;
 pub mod recovery;
 pub mod subjects;
 pub mod texts;
@@ -26,7 +27,8 @@ pub mod time;
 pub mod wire;
 
 pub use ids::{ChatId, IdError, RunnerId, TurnId};
-pub use lifecycle::{apply, Effect, Event, Step, TransitionError, TurnRecord, TurnState};
+pub use lifecycle::{apply, Effect, Event, Step, TransitionError};
+pub use record::{TurnRecord, TurnState};
 pub use time::Timestamp;
 
 /// The format version written into every payload and KV value by this release.

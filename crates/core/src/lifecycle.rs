@@ -8,221 +8,16 @@
 //! - no attempt is dispatched after a bot message landed, after an operator kill, or after a clean exit;
 //! - events that are duplicated, late, or for a superseded attempt change nothing.
 
-use crate::ids::{ChatId, RunnerId, TurnId};
+use crate::ids::{RunnerId, TurnId};
+pub use crate::record::*;
 use crate::texts;
-use crate::time::{duration_ms, Timestamp};
-use crate::wire::{ExitClass, ExitReport, HistoryEntry, InboundMessage, OperatorAction, WorkItem};
+use crate::time::Timestamp;
+use crate::wire::{
+    ChatErrorCause, ExitClass, ExitReport, HistoryEntry, InboundMessage, OperatorAction,
+};
 use crate::FORMAT_VERSION;
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
-
-/// Where a turn is in its life.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum TurnState {
-    /// Created, waiting for its chat's earlier turn to end (per-chat order).
-    Waiting,
-    /// The current attempt is published; no runner has reported starting it.
-    Queued,
-    /// A runner runs the current attempt.
-    Running,
-    /// The last attempt died empty-handed; the next one is scheduled for `next_attempt_due`.
-    PendingRetry,
-    /// Terminal: the run ended cleanly (with a reply, or with the silent-turn notice).
-    Done,
-    /// Terminal: failed and not retried (agent failure, could not start, died after replying).
-    Failed,
-    /// Terminal: every attempt died without a bot message.
-    GaveUp,
-    /// Terminal: an operator killed it.
-    Killed,
-}
-
-impl TurnState {
-    pub fn is_terminal(self) -> bool {
-        matches!(
-            self,
-            TurnState::Done | TurnState::Failed | TurnState::GaveUp | TurnState::Killed
-        )
-    }
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            TurnState::Waiting => "waiting",
-            TurnState::Queued => "queued",
-            TurnState::Running => "running",
-            TurnState::PendingRetry => "pending_retry",
-            TurnState::Done => "done",
-            TurnState::Failed => "failed",
-            TurnState::GaveUp => "gave_up",
-            TurnState::Killed => "killed",
-        }
-    }
-
-    pub const ALL: [TurnState; 8] = [
-        TurnState::Waiting,
-        TurnState::Queued,
-        TurnState::Running,
-        TurnState::PendingRetry,
-        TurnState::Done,
-        TurnState::Failed,
-        TurnState::GaveUp,
-        TurnState::Killed,
-    ];
-}
-
-impl std::fmt::Display for TurnState {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl std::str::FromStr for TurnState {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        TurnState::ALL
-            .into_iter()
-            .find(|st| st.as_str() == s)
-            .ok_or_else(|| {
-                let all: Vec<_> = TurnState::ALL.iter().map(|s| s.as_str()).collect();
-                format!(
-                    "unknown turn state {s:?}; expected one of {}",
-                    all.join(", ")
-                )
-            })
-    }
-}
-
-/// Why a terminal turn ended as it did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum OutcomeReason {
-    Replied,
-    SilentTurn,
-    AgentFailed,
-    CouldNotStart,
-    DiedAfterReply,
-    BudgetSpent,
-    OperatorKilled,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub struct Outcome {
-    pub reason: OutcomeReason,
-    pub at: Timestamp,
-    /// Attempts actually made.
-    pub attempts: u32,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum NoticeKind {
-    GiveUp,
-    Plain,
-    SilentTurn,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub struct NoticeRecord {
-    pub kind: NoticeKind,
-    pub text: String,
-    pub attempt: u32,
-    pub at: Timestamp,
-}
-
-/// One attempt's history, kept in the turn record for operators (`turnpike turns show`).
-#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub struct AttemptRecord {
-    pub n: u32,
-    /// When a retry was due (death time + retry delay); none for attempt 1.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub due_at: Option<Timestamp>,
-    /// When the work item was stored in the work stream (for a retry: when its schedule fired).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub published_at: Option<Timestamp>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub started_at: Option<Timestamp>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub runner: Option<RunnerId>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub exit: Option<ExitReport>,
-    pub messages_landed: u32,
-    /// Where this attempt's bot messages are stored on the outbound stream (stream sequences,
-    /// in landing order), as their runner reported them. Lets the turn's replies be read back
-    /// by sequence; when it is shorter than `messages_landed` (an older runner, a lost event),
-    /// readers scan the chat's outbound subject instead.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub replies: Vec<u64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub preamble: Option<String>,
-}
-
-impl AttemptRecord {
-    fn new(n: u32) -> Self {
-        AttemptRecord {
-            n,
-            due_at: None,
-            published_at: None,
-            started_at: None,
-            runner: None,
-            exit: None,
-            messages_landed: 0,
-            replies: Vec::new(),
-            preamble: None,
-        }
-    }
-}
-
-/// The value in the `turnpike_turns` bucket: everything that decides a turn.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub struct TurnRecord {
-    #[serde(default = "v1")]
-    pub v: u16,
-    pub turn: TurnId,
-    pub chat: ChatId,
-    pub message: InboundMessage,
-    /// Conversation history as it was when the turn was created; every attempt sees the same.
-    #[serde(default)]
-    pub history: Vec<HistoryEntry>,
-    /// `MAX_TURN_RETRY` when the turn was created.
-    pub max_turn_retry: u32,
-    /// `max(max_turn_retry, 1)`: attempts this turn may get. Fixed at creation, so a config change
-    /// never alters a turn in flight.
-    pub max_attempts: u32,
-    #[serde(with = "duration_ms", rename = "retry_delay_ms")]
-    pub retry_delay: Duration,
-    pub created_at: Timestamp,
-    pub updated_at: Timestamp,
-    pub state: TurnState,
-    /// The current attempt: the latest one published or scheduled (0 while waiting).
-    pub attempt: u32,
-    pub retry_count: u32,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub next_attempt_due: Option<Timestamp>,
-    #[serde(default)]
-    pub attempts: Vec<AttemptRecord>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub kill: Option<OperatorAction>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub outcome: Option<Outcome>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub notice: Option<NoticeRecord>,
-    #[serde(default)]
-    pub chat_flagged: bool,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub rerun_of: Option<TurnId>,
-    /// Set when an operator created the turn (a re-run): who and when.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub created_by: Option<OperatorAction>,
-    /// Effects decided but not yet confirmed carried out (transactional outbox). A shell that finds
-    /// effects here carries them out again; each is idempotent by its dedup id.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub outbox: Vec<Effect>,
-}
-
-fn v1() -> u16 {
-    FORMAT_VERSION
-}
 
 /// What a shell tells the state machine.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -272,7 +67,11 @@ pub enum Effect {
         attempt: u32,
     },
     /// Flag the chat errored for operators.
-    FlagChatErrored { reason: String },
+    FlagChatErrored {
+        reason: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        cause: Option<ChatErrorCause>,
+    },
     /// Tell the runner of `attempt` to kill its container.
     ForwardKill { attempt: u32 },
     /// Make sure `attempt` never runs: cancel its schedule and take its claim.
@@ -378,41 +177,6 @@ fn admit(r: &mut TurnRecord) -> Vec<Effect> {
         attempt: 1,
         not_before: None,
     }]
-}
-
-impl TurnRecord {
-    pub fn current_attempt(&self) -> Option<&AttemptRecord> {
-        self.attempts.iter().find(|a| a.n == self.attempt)
-    }
-
-    fn current_attempt_mut(&mut self) -> &mut AttemptRecord {
-        let n = self.attempt;
-        if let Some(i) = self.attempts.iter().position(|a| a.n == n) {
-            &mut self.attempts[i]
-        } else {
-            self.attempts.push(AttemptRecord::new(n));
-            let last = self.attempts.len() - 1;
-            &mut self.attempts[last]
-        }
-    }
-
-    /// Did any bot message of this turn land, in any attempt?
-    pub fn any_landed(&self) -> bool {
-        self.attempts.iter().any(|a| a.messages_landed > 0)
-    }
-
-    /// The work item for `attempt`: the same message and history every time, the preamble from 2 on.
-    pub fn work_item(&self, attempt: u32) -> WorkItem {
-        WorkItem {
-            v: FORMAT_VERSION,
-            turn: self.turn.clone(),
-            chat: self.chat.clone(),
-            attempt,
-            max_attempts: self.max_attempts,
-            message: self.message.clone(),
-            history: self.history.clone(),
-        }
-    }
 }
 
 /// Apply one event at `now`: the time the event happened by the one clock the shells use, the
@@ -673,16 +437,25 @@ fn finish_after(
         }
     }
     let flag = match reason {
-        OutcomeReason::BudgetSpent => Some(format!(
-            "gave up after {}",
-            crate::texts::count(attempts.into(), "attempt", "attempts")
+        OutcomeReason::BudgetSpent => Some((
+            ChatErrorCause::GaveUp,
+            format!(
+                "gave up after {}",
+                crate::texts::count(attempts.into(), "attempt", "attempts")
+            ),
         )),
-        OutcomeReason::CouldNotStart => Some("agent could not start".to_owned()),
+        OutcomeReason::CouldNotStart => Some((
+            ChatErrorCause::CouldNotStart,
+            "agent could not start".to_owned(),
+        )),
         _ => None,
     };
-    if let Some(reason) = flag {
+    if let Some((cause, reason)) = flag {
         r.chat_flagged = true;
-        effects.push(Effect::FlagChatErrored { reason });
+        effects.push(Effect::FlagChatErrored {
+            reason,
+            cause: Some(cause),
+        });
     }
     effects.push(Effect::Ended { state });
     effects

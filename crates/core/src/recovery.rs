@@ -7,7 +7,7 @@
 //!   was lost with its runner: the sweep fences it out, counts what it landed and reports it;
 //! - a pending retry that is neither scheduled, queued nor claimed is scheduled again.
 
-use crate::lifecycle::{TurnRecord, TurnState};
+use crate::record::{TurnRecord, TurnState};
 
 /// What to look at for one live turn.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -216,7 +216,12 @@ async fn by_sequence(bus: &Bus, record: &TurnRecord) -> Option<Vec<String>> {
 }
 
 /// Flag the chat errored for operators (once per turn).
-pub async fn flag_errored(bus: &Bus, record: &TurnRecord, reason: &str) -> Result<(), BusError> {
+pub async fn flag_errored(
+    bus: &Bus,
+    record: &TurnRecord,
+    reason: &str,
+    cause: Option<turnpike_core::wire::ChatErrorCause>,
+) -> Result<(), BusError> {
     update(bus, &record.chat, |c| {
         if c.errored.as_ref().is_some_and(|e| e.turn == record.turn) {
             return (false, ());
@@ -225,6 +230,7 @@ pub async fn flag_errored(bus: &Bus, record: &TurnRecord, reason: &str) -> Resul
             turn: record.turn.clone(),
             at: now(),
             reason: reason.to_owned(),
+            cause,
         });
         (true, ())
     })

@@ -346,8 +346,8 @@ pub async fn execute(bus: &Bus, record: &TurnRecord, effect: &Effect) -> Result<
                 .send(&bus.js)
                 .await?;
         }
-        Effect::FlagChatErrored { reason } => {
-            crate::chats::flag_errored(bus, record, reason).await?;
+        Effect::FlagChatErrored { reason, cause } => {
+            crate::chats::flag_errored(bus, record, reason, *cause).await?;
         }
         Effect::ForwardKill { attempt } => {
             // The fence move is the kill: durable, and from it on nothing of the turn lands. The

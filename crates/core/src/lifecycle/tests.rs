@@ -3,6 +3,7 @@
 
 use super::*;
 use crate::wire::{Attachment, AttemptStart, Role};
+use crate::ChatId;
 use proptest::prelude::*;
 
 const BUDGETS: [u32; 4] = [0, 1, 3, 5];
@@ -134,6 +135,14 @@ fn flagged(effects: &[Effect]) -> bool {
         .any(|e| matches!(e, Effect::FlagChatErrored { .. }))
 }
 
+/// The typed cause of the errored flag, which operator tools count by (never by the prose).
+fn flag_cause(effects: &[Effect]) -> Option<ChatErrorCause> {
+    effects.iter().find_map(|e| match e {
+        Effect::FlagChatErrored { cause, .. } => *cause,
+        _ => None,
+    })
+}
+
 fn ended(effects: &[Effect]) -> Option<TurnState> {
     effects.iter().find_map(|e| match e {
         Effect::Ended { state } => Some(*state),
@@ -216,6 +225,7 @@ fn row_could_not_start_is_failed_flagged_not_retried() {
             vec![(NoticeKind::Plain, texts::PLAIN_FAILURE_NOTICE.to_owned())]
         );
         assert!(flagged(&effects));
+        assert_eq!(flag_cause(&effects), Some(ChatErrorCause::CouldNotStart));
         assert!(r.chat_flagged);
         assert_eq!(r.attempts.len(), 1);
     }
@@ -302,6 +312,7 @@ fn row_death_without_reply_retries_after_flat_delay_then_gives_up() {
                 vec![(NoticeKind::GiveUp, texts::give_up_notice(limit))]
             );
             assert!(flagged(&all_effects));
+            assert_eq!(flag_cause(&all_effects), Some(ChatErrorCause::GaveUp));
             assert!(r.chat_flagged);
             let dispatched: Vec<u32> = all_effects
                 .iter()

@@ -33,6 +33,23 @@ pub enum Role {
     Note,
 }
 
+impl Role {
+    /// The role as the wire spells it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::User => "user",
+            Role::Bot => "bot",
+            Role::Note => "note",
+        }
+    }
+}
+
+impl std::fmt::Display for Role {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// One line of conversation history, snapshotted when the turn is created.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct HistoryEntry {
@@ -101,5 +118,19 @@ pub struct ChatRecord {
 pub struct ChatError {
     pub turn: TurnId,
     pub at: Timestamp,
+    /// For people: what happened, in words.
     pub reason: String,
+    /// For programs: the kind of failure (absent in records written before it existed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cause: Option<ChatErrorCause>,
+}
+
+/// Why a turn flagged its chat errored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ChatErrorCause {
+    /// Every attempt of the budget died with no bot message.
+    GaveUp,
+    /// The agent could not be started at all.
+    CouldNotStart,
 }

@@ -53,7 +53,7 @@ versioned!(
     ChatRecord,
     ClaimRecord,
     RunnerPresence,
-    crate::lifecycle::TurnRecord,
+    crate::record::TurnRecord,
 );
 
 #[cfg(test)]

@@ -10,6 +10,16 @@ fn exit_classes_display_as_serde_spells_them() {
         );
     }
 }
+#[test]
+fn roles_display_as_serde_spells_them() {
+    for r in [Role::User, Role::Bot, Role::Note] {
+        assert_eq!(
+            serde_json::to_value(r).expect("json"),
+            serde_json::json!(r.to_string())
+        );
+    }
+}
+
 use serde::de::DeserializeOwned;
 use std::fmt::Debug;
 
@@ -153,6 +163,7 @@ fn every_message_round_trips_in_both_codecs() {
             turn: turn(),
             at,
             reason: "gave up".into(),
+            cause: Some(ChatErrorCause::GaveUp),
         }),
         cleared: vec![OperatorAction {
             by: "op".into(),

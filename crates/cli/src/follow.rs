@@ -292,7 +292,7 @@ fn describe(
                     .iter()
                     .find(|a| a.n + 1 == r.attempt)
                     .and_then(|a| a.exit.as_ref())
-                    .map(|e| format!("{:?}", e.class).to_lowercase())
+                    .map(|e| e.class.to_string())
                     .unwrap_or_else(|| "unknown".into());
                 printer.line(&format!(
                     "   attempt {} died ({died}) with no reply; retrying in {} (attempt {} of {})",

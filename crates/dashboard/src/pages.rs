@@ -459,7 +459,7 @@ pub fn chat(
             h2 { "History" }
             @if c.history_dropped > 0 { p.small { (c.history_dropped) " older entries left out" } }
             ol.history {
-                @for h in &c.history { li class=(format!("{:?}", h.role).to_lowercase()) { pre { (h.text) } } }
+                @for h in &c.history { li class=(h.role.as_str()) { pre { (h.text) } } }
             }
         }
     };

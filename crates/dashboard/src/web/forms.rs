@@ -10,8 +10,8 @@ use axum::response::{Html, IntoResponse, Redirect, Response};
 use serde::Deserialize;
 use std::net::SocketAddr;
 use std::time::Duration;
-use turnpike_core::wire::OpsReply;
-use turnpike_core::{subjects, ChatId, TurnId, FORMAT_VERSION};
+use turnpike_core::wire::{OpsReply, OpsRequest};
+use turnpike_core::{subjects, ChatId, TurnId};
 use turnpike_jetstream::now;
 
 #[derive(Deserialize)]
@@ -66,27 +66,14 @@ fn check_post(
 
 /// An action through the coordinators' ops service, as the operator; back to `back` with the
 /// coordinator's answer.
-pub(super) async fn ops(
-    state: &State,
-    subject: &str,
-    by: &str,
-    turn: Option<TurnId>,
-    chat: Option<ChatId>,
-    back: &str,
-) -> Response {
-    let req = turnpike_core::wire::OpsRequest {
-        v: FORMAT_VERSION,
-        by: by.to_owned(),
-        turn,
-        chat,
-    };
-    let body = match serde_json::to_vec(&req) {
-        Ok(b) => b,
-        Err(e) => return (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
-    };
+pub(super) async fn ops(state: &State, subject: &str, req: OpsRequest, back: &str) -> Response {
+    let by = req.by.clone();
     let answer = tokio::time::timeout(
         Duration::from_secs(15),
-        state.bus.client.request(subject.to_owned(), body.into()),
+        state
+            .bus
+            .client
+            .request(subject.to_owned(), req.to_json().into()),
     )
     .await;
     let (ok, msg) = match answer {
@@ -100,7 +87,7 @@ pub(super) async fn ops(
         Ok(Err(e)) => (false, format!("no coordinator answered: {e}")),
         Err(_) => (false, "no coordinator answered within 15 s".to_owned()),
     };
-    tracing::info!(by, subject, ok, answer = %msg, "dashboard action");
+    tracing::info!(%by, subject, ok, answer = %msg, "dashboard action");
     let sep = if back.contains('?') { '&' } else { '?' };
     Redirect::to(&format!("{back}{sep}ok={ok}&msg={}", urlencode(&msg))).into_response()
 }
@@ -136,16 +123,16 @@ async fn act(
         Ok(s) => s,
         Err(r) => return r.into_response(),
     };
-    let (turn, chat, fallback) = match target {
+    let (req, fallback) = match target {
         Some(Target::Turn(t)) => {
             let back = format!("/turns/{t}");
-            (Some(t), None, back)
+            (OpsRequest::turn(s.user, t), back)
         }
-        Some(Target::Chat(c)) => (None, Some(c), "/errored".to_owned()),
+        Some(Target::Chat(c)) => (OpsRequest::chat(s.user, c), "/errored".to_owned()),
         None => return StatusCode::NOT_FOUND.into_response(),
     };
     let back = back_to(headers, &fallback);
-    ops(state, subject, &s.user, turn, chat, &back).await
+    ops(state, subject, req, &back).await
 }
 
 /// `POST /turns/<id>/kill`, `/turns/<id>/rerun`, `/chats/<id>/clear`.

@@ -546,16 +546,16 @@ async fn replaying_an_outbox_after_a_crash_sends_one_notice_and_one_attempt() {
     let (mut record, effects) = new_turn("c9", true);
     record.outbox = effects;
     let turn = record.turn.clone();
-    let (created, _) = turnpike_jetstream::turns::create(&bus, record)
+    let (created, _) = turnpike_store::turns::create(&bus, record)
         .await
         .expect("create");
     // Attempt 1 dispatched twice (a crash before the outbox was cleared, then a replay).
     for e in created.record.outbox.clone() {
-        turnpike_jetstream::turns::execute(&bus, &created.record, &e)
+        turnpike_store::turns::execute(&bus, &created.record, &e)
             .await
             .expect("effect");
     }
-    turnpike_jetstream::turns::run_outbox(&bus, created)
+    turnpike_store::turns::run_outbox(&bus, created)
         .await
         .expect("outbox");
     let work = bus
@@ -583,7 +583,7 @@ async fn replaying_an_outbox_after_a_crash_sends_one_notice_and_one_attempt() {
             started: None,
         },
     };
-    let applied = turnpike_jetstream::turns::apply_event(&bus, &turn, &exit)
+    let applied = turnpike_store::turns::apply_event(&bus, &turn, &exit)
         .await
         .expect("apply");
     let current = applied.current().clone();
@@ -593,11 +593,11 @@ async fn replaying_an_outbox_after_a_crash_sends_one_notice_and_one_attempt() {
         .iter()
         .any(|e| matches!(e, Effect::Notify { .. })));
     for e in current.record.outbox.clone() {
-        turnpike_jetstream::turns::execute(&bus, &current.record, &e)
+        turnpike_store::turns::execute(&bus, &current.record, &e)
             .await
             .expect("effect");
     }
-    turnpike_jetstream::turns::run_outbox(&bus, current)
+    turnpike_store::turns::run_outbox(&bus, current)
         .await
         .expect("outbox");
     let notices: Vec<_> = visible_items(&bus, "c9")
@@ -706,7 +706,7 @@ async fn an_event_from_a_runner_that_does_not_hold_the_claim_is_refused() {
     })
     .await;
     assert!(dead.1.contains("claim"), "{dead:?}");
-    let still = turnpike_jetstream::turns::load(&p.bus, &turn)
+    let still = turnpike_store::turns::load(&p.bus, &turn)
         .await
         .expect("read")
         .expect("turn")
@@ -772,22 +772,22 @@ async fn a_turn_killed_before_it_joined_does_not_hold_its_chat_after_a_replay() 
     let chat = record.chat.clone();
     let turn = record.turn.clone();
     // The dispatcher creates the turn...
-    turnpike_jetstream::turns::create(&bus, record.clone())
+    turnpike_store::turns::create(&bus, record.clone())
         .await
         .expect("create");
     // ...an operator kills it before it joins (its release finds nothing to release)...
-    let applied = turnpike_jetstream::turns::apply_event(&bus, &turn, &operator_kill())
+    let applied = turnpike_store::turns::apply_event(&bus, &turn, &operator_kill())
         .await
         .expect("kill");
-    turnpike_jetstream::turns::run_outbox(&bus, applied.current().clone())
+    turnpike_store::turns::run_outbox(&bus, applied.current().clone())
         .await
         .expect("outbox");
     // ...the dispatcher joins it and dies before admitting it...
-    turnpike_jetstream::chats::join(&bus, &chat, &turn, Some(1))
+    turnpike_store::chats::join(&bus, &chat, &turn, Some(1))
         .await
         .expect("join");
     // ...and the message comes back.
-    turnpike_jetstream::turns::create_in_chat(&bus, record, Some(1))
+    turnpike_store::turns::create_in_chat(&bus, record, Some(1))
         .await
         .expect("replay");
     let c: ChatRecord =
@@ -807,15 +807,15 @@ async fn an_ended_turn_stays_listed_until_its_outbox_is_cleared() {
     let bus = Bus::connect(&config, "test").await.expect("bus");
     let (record, _) = new_turn("c11", false);
     let turn = record.turn.clone();
-    turnpike_jetstream::turns::create_in_chat(&bus, record, Some(1))
+    turnpike_store::turns::create_in_chat(&bus, record, Some(1))
         .await
         .expect("create");
-    let applied = turnpike_jetstream::turns::apply_event(&bus, &turn, &operator_kill())
+    let applied = turnpike_store::turns::apply_event(&bus, &turn, &operator_kill())
         .await
         .expect("kill");
     let current = applied.current().clone();
     for e in &current.record.outbox {
-        turnpike_jetstream::turns::execute(&bus, &current.record, e)
+        turnpike_store::turns::execute(&bus, &current.record, e)
             .await
             .expect("effect");
     }
@@ -827,7 +827,7 @@ async fn an_ended_turn_stays_listed_until_its_outbox_is_cleared() {
             .is_some_and(|v| !v.is_empty())
     };
     assert!(listed().await, "unlisted with its outbox not cleared");
-    turnpike_jetstream::turns::run_outbox(&bus, current)
+    turnpike_store::turns::run_outbox(&bus, current)
         .await
         .expect("outbox");
     assert!(!listed().await, "still listed once ended and cleared");

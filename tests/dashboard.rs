@@ -287,7 +287,7 @@ async fn an_operator_works_the_dashboard_in_a_real_browser() {
     screenshot(&c, "live").await;
     let q = click_and_answer(&c, &format!("{row} .btn-kill"), false).await;
     assert!(q.contains(&format!("Kill turn {hanging}")), "{q}");
-    let r = turnpike_jetstream::turns::load(&p.bus, &hanging)
+    let r = turnpike_store::turns::load(&p.bus, &hanging)
         .await
         .expect("load")
         .expect("record")
@@ -365,7 +365,7 @@ async fn an_operator_works_the_dashboard_in_a_real_browser() {
         .expect("fetch");
     assert_eq!(status, json!(403));
     assert!(
-        turnpike_jetstream::turns::load(&p.bus, &TurnId::for_rerun(&inject, 1))
+        turnpike_store::turns::load(&p.bus, &TurnId::for_rerun(&inject, 1))
             .await
             .expect("load")
             .is_none()
@@ -469,7 +469,7 @@ async fn the_dashboards_http_checks_hold() {
     )
     .await;
     assert_eq!(status, 403, "another session's token");
-    let r = turnpike_jetstream::turns::load(&p.bus, &hung)
+    let r = turnpike_store::turns::load(&p.bus, &hung)
         .await
         .expect("load")
         .expect("record")

@@ -97,7 +97,7 @@ async fn replies_join_history_read_at_their_recorded_location_or_else_by_a_scan(
     ];
     let chat = ChatId::new("located").expect("chat id");
     async fn history(bus: &turnpike_jetstream::Bus, chat: &ChatId) -> Vec<(Role, String)> {
-        turnpike_jetstream::chats::update(bus, chat, |c| (false, c.history.clone()))
+        turnpike_store::chats::update(bus, chat, |c| (false, c.history.clone()))
             .await
             .expect("chat record")
             .into_iter()
@@ -122,14 +122,14 @@ async fn replies_join_history_read_at_their_recorded_location_or_else_by_a_scan(
         a.started_at = a.started_at.map(ahead);
     }
     for variant in [unknown, wrong, skewed] {
-        turnpike_jetstream::chats::update(&p.bus, &chat, |c| {
+        turnpike_store::chats::update(&p.bus, &chat, |c| {
             c.history.clear();
             c.live = Some(turn.clone());
             (true, ())
         })
         .await
         .expect("reset the chat");
-        turnpike_jetstream::chats::release(&p.bus, &variant, p.bus.history)
+        turnpike_store::chats::release(&p.bus, &variant, p.bus.history)
             .await
             .expect("release");
         assert_eq!(

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use turnpike_core::lifecycle::TurnState;
 use turnpike_core::wire::{Attachment, ExitClass, OutboundKind, RunnerEvent, RunnerEventKind};
 use turnpike_core::{subjects, ChatId, RunnerId, TurnId, TurnRecord, FORMAT_VERSION};
-use turnpike_jetstream::turns;
+use turnpike_store::turns;
 use turnpike_testkit::eventually;
 use turnpike_tests::cluster::*;
 use turnpike_tests::{

@@ -9,7 +9,8 @@ use tokio_util::sync::CancellationToken;
 use turnpike_config::{Backend, Config};
 use turnpike_core::wire::{InboundMessage, OutboundItem};
 use turnpike_core::{subjects, ChatId, TurnId, TurnRecord, FORMAT_VERSION};
-use turnpike_jetstream::{decode, turns, Bus, Publish};
+use turnpike_jetstream::{decode, Bus, Publish};
+use turnpike_store::turns;
 use turnpike_testkit::{eventually, NatsServer};
 
 /// Logs for a test run, when `RUST_LOG` asks for them (e.g. `RUST_LOG=info`).

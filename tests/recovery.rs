@@ -59,7 +59,7 @@ async fn a_retry_whose_runner_dies_between_claim_and_start_is_retried_again() {
         .expect("attempt 2 claimed")
         .expect("entry");
     doomed.kill9();
-    let pending = turnpike_jetstream::turns::load(&bus, &turn)
+    let pending = turnpike_store::turns::load(&bus, &turn)
         .await
         .expect("read")
         .expect("turn")
@@ -111,12 +111,11 @@ async fn a_turn_killed_before_it_joined_its_chat_does_not_wedge_the_chat() {
     let killed = wait_ended(&bus, &first, T).await;
     assert_eq!(killed.state, TurnState::Killed);
     assert!(killed.attempts.is_empty(), "it never ran: {killed:#?}");
-    let chat =
-        turnpike_jetstream::chats::update(&bus, &ChatId::new("chat-w").expect("chat"), |c| {
-            (false, c.clone())
-        })
-        .await
-        .expect("chat record");
+    let chat = turnpike_store::chats::update(&bus, &ChatId::new("chat-w").expect("chat"), |c| {
+        (false, c.clone())
+    })
+    .await
+    .expect("chat record");
     assert_eq!(chat.live, None, "{chat:#?}");
     assert!(chat.waiting.is_empty(), "{chat:#?}");
     dispatcher.stop().await;
@@ -289,7 +288,7 @@ async fn a_reply_stored_without_an_acknowledgement_is_never_followed_by_a_retry(
     let bus = Bus::connect(&config, "test").await.expect("bus");
     let turn = send(&bus, "chat-u", "u", "crash-after-reply:1").await;
     let record = || async {
-        turnpike_jetstream::turns::load(&bus, &turn)
+        turnpike_store::turns::load(&bus, &turn)
             .await
             .ok()
             .flatten()
@@ -308,7 +307,7 @@ async fn a_reply_stored_without_an_acknowledgement_is_never_followed_by_a_retry(
         Duration::from_secs(120),
         "the runner's next move",
         || async {
-            let fenced_out = turnpike_jetstream::fence::last(&bus, &turn)
+            let fenced_out = turnpike_store::fence::last(&bus, &turn)
                 .await
                 .ok()
                 .flatten()

@@ -27,7 +27,8 @@ use std::time::{Duration, Instant};
 use turnpike_config::Config;
 use turnpike_core::wire::{OutboundItem, OutboundKind};
 use turnpike_core::{subjects, TurnId, TurnRecord, TurnState};
-use turnpike_jetstream::{turns, Bus};
+use turnpike_jetstream::Bus;
+use turnpike_store::turns;
 use turnpike_testkit::{free_port, test_password, ROLES};
 
 pub const NATS_IMAGE: &str = "turnpike-nats:2.15.1";

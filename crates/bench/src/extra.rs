@@ -237,7 +237,7 @@ pub async fn coordinator_kill(out: &mut String) -> Result<()> {
     loop {
         let mut pending = 0;
         for t in &ids {
-            if let Some(v) = turnpike_jetstream::turns::load(&stack.bus, t).await? {
+            if let Some(v) = turnpike_store::turns::load(&stack.bus, t).await? {
                 if v.record.state == turnpike_core::TurnState::PendingRetry {
                     pending += 1;
                 }

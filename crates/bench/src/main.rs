@@ -30,7 +30,8 @@ use turnpike_core::wire::{
     HistoryEntry, InboundMessage, OutboundItem, OutboundKind, Role, WorkItem,
 };
 use turnpike_core::{subjects, ChatId, TurnId, FORMAT_VERSION};
-use turnpike_jetstream::{decode, turns, Bus, Publish};
+use turnpike_jetstream::{decode, Bus, Publish};
+use turnpike_store::turns;
 use turnpike_testkit::NatsServer;
 
 #[derive(Parser)]

@@ -172,7 +172,7 @@ pub async fn follow(
     let mut outcome = FollowOutcome::StillRunning;
     let mut waiting = WaitNotice::default();
     // The record may exist already (a re-sent id, or a fast turn).
-    if let Ok(Some(v)) = turnpike_jetstream::turns::load(bus, turn).await {
+    if let Ok(Some(v)) = turnpike_store::turns::load(bus, turn).await {
         waiting.turn_waits = v.record.state == TurnState::Waiting;
         if let Some(o) = describe(&v.record, &mut last, printer) {
             outcome = o;

@@ -12,7 +12,8 @@ use std::time::Duration;
 use turnpike_core::lifecycle::TurnState;
 use turnpike_core::wire::{ChatErrorCause, ChatRecord, OpsReply, OpsRequest, RunnerPresence};
 use turnpike_core::{subjects, ChatId, TurnId, TurnRecord};
-use turnpike_jetstream::{decode_kv, now, turns, Bus};
+use turnpike_jetstream::{decode_kv, now, Bus};
+use turnpike_store::turns;
 
 #[derive(Subcommand)]
 pub enum TurnsCmd {

@@ -14,8 +14,8 @@ use turnpike_core::lifecycle::Event;
 use turnpike_core::subjects;
 use turnpike_core::wire::{ClaimHolder, RunnerEvent, RunnerEventKind};
 use turnpike_core::RunnerId;
-use turnpike_jetstream::turns::{self, Applied, ApplyError};
 use turnpike_jetstream::{dead_letter, decode, Bus, BusError};
+use turnpike_store::turns::{self, Applied, ApplyError};
 
 /// Events applied at once by one coordinator (events of one turn may race; CAS sorts them out).
 const IN_FLIGHT: usize = 32;
@@ -42,7 +42,7 @@ impl ClaimCache {
         if cached.as_ref() == Some(&ev.runner) {
             return Ok(());
         }
-        let holder = turnpike_jetstream::claims::holder(bus, &ev.turn, ev.attempt).await?;
+        let holder = turnpike_store::claims::holder(bus, &ev.turn, ev.attempt).await?;
         match holder {
             Some(ClaimHolder::Runner { runner }) if runner == ev.runner => {
                 if let Ok(mut c) = self.0.lock() {

@@ -16,8 +16,8 @@ use turnpike_core::lifecycle::{self, Event, NewTurn, Unchanged};
 use turnpike_core::subjects;
 use turnpike_core::wire::{OperatorAction, OpsReply, OpsRequest, OpsStats};
 use turnpike_core::{TurnId, FORMAT_VERSION};
-use turnpike_jetstream::turns::{self, Applied, ApplyError};
 use turnpike_jetstream::{decode, now, Bus, BusError};
+use turnpike_store::turns::{self, Applied, ApplyError};
 
 fn reply(
     ok: bool,
@@ -235,7 +235,7 @@ async fn clear(
     chat: &turnpike_core::ChatId,
     action: OperatorAction,
 ) -> Result<OpsReply, ApplyError> {
-    let cleared = turnpike_jetstream::chats::update(bus, chat, |c| {
+    let cleared = turnpike_store::chats::update(bus, chat, |c| {
         if c.errored.is_none() {
             return (false, false);
         }

@@ -18,10 +18,10 @@ use turnpike_core::wire::{
     ClaimHolder, ClaimRecord, ExitReport, RunnerEvent, RunnerEventKind, WorkItem,
 };
 use turnpike_core::{TurnId, TurnRecord};
-use turnpike_jetstream::claims::Lease;
-use turnpike_jetstream::fence::{self, Losing};
-use turnpike_jetstream::turns::{self, ApplyError};
 use turnpike_jetstream::{decode, decode_kv, now, Bus, BusError};
+use turnpike_store::claims::Lease;
+use turnpike_store::fence::{self, Losing};
+use turnpike_store::turns::{self, ApplyError};
 
 /// What one sweep found; logged, and counted by operators' tools.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -157,7 +157,7 @@ async fn check_attempt_alive(
     }
     // The runner made its lease before its claim: a claimed attempt whose lease is not live
     // lost it to the server's TTL. No host's clock is compared with another's.
-    let (lease, lapsed_at) = match turnpike_jetstream::claims::lease(bus, turn, k).await? {
+    let (lease, lapsed_at) = match turnpike_store::claims::lease(bus, turn, k).await? {
         Lease::Live => (recovery::Lease::Live, now()),
         Lease::Lapsed(at) => (recovery::Lease::Lapsed, at.unwrap_or_else(now)),
     };

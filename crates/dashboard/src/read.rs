@@ -9,7 +9,8 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 use turnpike_core::wire::{ChatRecord, InboundMessage, RunnerPresence, Versioned};
 use turnpike_core::{subjects, ChatId, TurnId, TurnRecord};
-use turnpike_jetstream::{decode, decode_kv, turns, Bus};
+use turnpike_jetstream::{decode, decode_kv, Bus};
+use turnpike_store::turns;
 
 use crate::DashboardError;
 

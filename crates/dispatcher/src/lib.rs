@@ -13,8 +13,8 @@ use turnpike_config::Config;
 use turnpike_core::lifecycle::{self, NewTurn};
 use turnpike_core::wire::InboundMessage;
 use turnpike_core::{subjects, ChatId, TurnId};
-use turnpike_jetstream::turns::{self, ApplyError};
 use turnpike_jetstream::{dead_letter, decode, now, Bus, BusError};
+use turnpike_store::turns::{self, ApplyError};
 
 pub struct Dispatcher {
     bus: Bus,
@@ -175,9 +175,7 @@ impl Dispatcher {
             // Per-chat order: an earlier message of this chat that is not taken yet (a
             // dispatcher died holding it) goes first; this one comes back for later.
             if let Some(seq) = seq {
-                match turnpike_jetstream::chats::inbound_in_order(&self.bus, &inbound.chat, seq)
-                    .await
-                {
+                match turnpike_store::chats::inbound_in_order(&self.bus, &inbound.chat, seq).await {
                     Ok(true) => {}
                     Ok(false) => {
                         debug!(
@@ -250,8 +248,7 @@ impl Dispatcher {
             .and_then(|c| ChatId::new(c).ok());
         if let (Some(chat), Ok(info)) = (chat, msg.info()) {
             if let Err(e) =
-                turnpike_jetstream::chats::inbound_taken(&self.bus, &chat, info.stream_sequence)
-                    .await
+                turnpike_store::chats::inbound_taken(&self.bus, &chat, info.stream_sequence).await
             {
                 warn!(error = %e, "refused, but not yet counted taken; will be redone");
                 let _ = msg
@@ -272,7 +269,7 @@ impl Dispatcher {
         if let Some(reason) = self.check_attachments(&inbound).await? {
             self.reply_error(&turn, &inbound, &reason).await?;
             if let Some(seq) = seq {
-                turnpike_jetstream::chats::inbound_taken(&self.bus, &inbound.chat, seq).await?;
+                turnpike_store::chats::inbound_taken(&self.bus, &inbound.chat, seq).await?;
             }
             return Ok(());
         }

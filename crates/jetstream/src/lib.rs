@@ -2,15 +2,11 @@
 //! consumers, KV buckets, object store, defined once in the repository's `nats/` folder), typed
 //! publishing and decoding with the codec named by `Content-Type`, and dead letters.
 
-pub mod chats;
-pub mod claims;
 mod connect;
 pub mod consume;
 mod error;
-pub mod fence;
 mod publish;
 pub mod topology;
-pub mod turns;
 
 pub use connect::{connect, describe_servers};
 pub use error::{lost_cas, BusError};

@@ -1,5 +1,5 @@
 //! The coordinators, the sweep, the ops service and the dispatcher: each takes one job at a time
-//! and carries out outboxes step by step (jetstream/src/turns.rs `apply_event_at`, `run_outbox`,
+//! and carries out outboxes step by step (store/src/turns.rs `apply_event_at`, `run_outbox`,
 //! `execute`, `admit`, `create_in_chat`; coordinator/src/sweep.rs; coordinator/src/ops.rs).
 
 use crate::runner;

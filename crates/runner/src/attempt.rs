@@ -17,8 +17,8 @@ use turnpike_core::wire::{
     OutboundKind, RunnerEvent, RunnerEventKind, WorkItem,
 };
 use turnpike_core::{Timestamp, FORMAT_VERSION};
-use turnpike_jetstream::fence::Taken;
 use turnpike_jetstream::{dead_letter, decode, now, BusError, Publish};
+use turnpike_store::fence::Taken;
 
 /// Take one work message from the runners' consumer and see it through.
 pub(crate) async fn handle(inner: Arc<Inner>, msg: async_nats::jetstream::Message) {
@@ -62,7 +62,7 @@ async fn run(inner: Arc<Inner>, msg: async_nats::jetstream::Message, work: WorkI
         Ok(crate::lease::Taken::Held) => {
             // Another runner holds the attempt: if it claimed it, this delivery is a duplicate;
             // if it has not yet, it may still fail to, so the item comes back.
-            match turnpike_jetstream::claims::holder(&inner.bus, &work.turn, work.attempt).await {
+            match turnpike_store::claims::holder(&inner.bus, &work.turn, work.attempt).await {
                 Ok(Some(_)) => {
                     info!("attempt already claimed; dropping this delivery");
                     let _ = msg.double_ack().await;
@@ -182,8 +182,7 @@ async fn run_fenced(
     use turnpike_core::wire::ExitClass;
     // Fence: from here on, this attempt's bot messages land only while the turn's fence is ours.
     // Taken by compare-and-set, so a kill or a loss decided before this point is never overrun.
-    let taken =
-        turnpike_jetstream::fence::take(&inner.bus, &work.turn, work.attempt, &inner.id).await;
+    let taken = turnpike_store::fence::take(&inner.bus, &work.turn, work.attempt, &inner.id).await;
     // The claim makes any redelivery harmless from here on, whatever happens next.
     if let Err(e) = msg.double_ack().await {
         debug!(error = %e, "ack of the work item failed; the claim keeps it ours");
@@ -375,7 +374,7 @@ async fn fence_out_and_count(
     turn: &turnpike_core::TurnId,
     attempt: u32,
 ) -> Settled {
-    use turnpike_jetstream::fence::{self, Losing};
+    use turnpike_store::fence::{self, Losing};
     match fence::lose(&inner.bus, turn, attempt).await {
         Ok(Losing::Fenced { runner_seq }) => {
             match fence::landed(&inner.bus, chat, turn, attempt, runner_seq).await {

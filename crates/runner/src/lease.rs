@@ -11,7 +11,8 @@ use std::time::{Duration, Instant};
 use tokio::sync::watch;
 use tracing::warn;
 use turnpike_core::{subjects, TurnId};
-use turnpike_jetstream::{claims, BusError};
+use turnpike_jetstream::BusError;
+use turnpike_store::claims;
 
 /// The raw subject of a key: KV puts are publishes, and only a raw publish carries `Nats-TTL`.
 fn kv_subject(bucket: &str, key: &str) -> String {
@@ -199,11 +200,9 @@ pub(crate) fn keep_alive(
             // The fence check, only while NATS answers (a renewal just went through).
             let ours = *fence.borrow();
             if let (true, Some(ours)) = (renewed_ok, ours) {
-                let read = tokio::time::timeout(
-                    left(),
-                    turnpike_jetstream::fence::last(&inner.bus, &turn),
-                )
-                .await;
+                let read =
+                    tokio::time::timeout(left(), turnpike_store::fence::last(&inner.bus, &turn))
+                        .await;
                 if let Ok(Ok(last)) = read {
                     let why =
                         turnpike_core::fence::check(last.as_ref(), ours).map(StopReason::fenced);

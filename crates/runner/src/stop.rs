@@ -26,7 +26,7 @@ pub(crate) fn request(stop: &Stop, why: StopReason) -> bool {
 
 /// Why a run whose fence moved from `ours` must stop, as the fence says now.
 pub(crate) async fn fence_moved(inner: &Inner, turn: &TurnId, ours: u64) -> StopReason {
-    match turnpike_jetstream::fence::last(&inner.bus, turn).await {
+    match turnpike_store::fence::last(&inner.bus, turn).await {
         Ok(last) => turnpike_core::fence::check(last.as_ref(), ours)
             .map_or(StopReason::Superseded, StopReason::fenced),
         // Refused, so not ours any more, whichever it was.

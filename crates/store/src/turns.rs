@@ -2,7 +2,6 @@
 //! and carry out the effects the lifecycle decided (the record's outbox). Shared by the dispatcher
 //! (which creates turns) and the coordinator (which applies runner events).
 
-use crate::{decode_kv, now, Bus, BusError, Publish};
 use async_nats::jetstream::kv::{CreateErrorKind, UpdateErrorKind};
 use bytes::Bytes;
 use tracing::{debug, warn};
@@ -10,6 +9,7 @@ use turnpike_core::lifecycle::{self, Effect, Event, Step, TransitionError, Uncha
 use turnpike_core::subjects::{self, msg_id};
 use turnpike_core::wire::{ClaimHolder, ClaimRecord, KillRequest, OutboundItem, OutboundKind};
 use turnpike_core::{TurnId, TurnRecord, FORMAT_VERSION};
+use turnpike_jetstream::{decode_kv, now, Bus, BusError, Publish};
 
 /// A record and the KV revision it was read at.
 #[derive(Debug, Clone)]
@@ -173,7 +173,7 @@ pub async fn apply_event_at(
                     }
                     Err(e)
                         if e.kind() == UpdateErrorKind::WrongLastRevision
-                            || crate::lost_cas(&e) =>
+                            || turnpike_jetstream::lost_cas(&e) =>
                     {
                         debug!(%turn, "turn record changed under us; re-reading");
                         continue;
@@ -192,13 +192,39 @@ pub async fn apply_event_at(
 
 /// Carry out every effect in the record's outbox, then remove those from the stored outbox
 /// (compare-and-set; effects added meanwhile by another writer stay for it to run).
-pub async fn run_outbox(bus: &Bus, mut current: Versioned) -> Result<Versioned, ApplyError> {
+///
+/// Ending a turn releases its chat; the chat's next turn is admitted and its outbox carried out
+/// before this outbox is cleared, so a crash in between leaves this turn's `Ended` to be carried
+/// out again (by the sweep), which releases the next turn again: never a chat left waiting. The
+/// chain of turns is walked in a loop ([`admit_chain`]), not by recursing from an effect.
+pub async fn run_outbox(bus: &Bus, current: Versioned) -> Result<Versioned, ApplyError> {
     if current.record.outbox.is_empty() {
         return Ok(current);
     }
     let done = current.record.outbox.clone();
+    let mut next = Vec::new();
     for effect in &done {
-        execute(bus, &current.record, effect).await?;
+        next.extend(execute_own(bus, &current.record, effect).await?);
+    }
+    admit_chain(bus, next).await?;
+    clear_outbox(bus, current, &done).await
+}
+
+/// The chat's next turn, released by a turn's end, to be admitted with the chat's history.
+#[derive(Debug)]
+struct NextTurn {
+    turn: TurnId,
+    history: Vec<turnpike_core::wire::HistoryEntry>,
+}
+
+/// Remove `done` from the stored outbox of `current`'s turn; unlist the turn if it ended.
+async fn clear_outbox(
+    bus: &Bus,
+    mut current: Versioned,
+    done: &[Effect],
+) -> Result<Versioned, ApplyError> {
+    if done.is_empty() {
+        return Ok(current);
     }
     for _ in 0..CAS_ATTEMPTS {
         let mut record = current.record.clone();
@@ -221,7 +247,10 @@ pub async fn run_outbox(bus: &Bus, mut current: Versioned) -> Result<Versioned, 
                 }
                 return Ok(Versioned { record, revision });
             }
-            Err(e) if e.kind() == UpdateErrorKind::WrongLastRevision || crate::lost_cas(&e) => {
+            Err(e)
+                if e.kind() == UpdateErrorKind::WrongLastRevision
+                    || turnpike_jetstream::lost_cas(&e) =>
+            {
                 current = load(bus, &record.turn)
                     .await?
                     .ok_or_else(|| ApplyError::UnknownTurn(record.turn.clone()))?;
@@ -241,26 +270,68 @@ pub async fn run_outbox(bus: &Bus, mut current: Versioned) -> Result<Versioned, 
     .into())
 }
 
-/// Let a waiting turn start, with the chat's history as it is now. Idempotent: an admitted
+/// Let a waiting turn start, with the chat's history as it is now, and carry out its outbox
+/// (and, if it ends at once, the same for the chat's turns after it). Idempotent: an admitted
 /// turn ignores it.
 pub async fn admit(
     bus: &Bus,
     turn: &TurnId,
     history: Vec<turnpike_core::wire::HistoryEntry>,
 ) -> Result<(), BusError> {
-    let mut turn = turn.clone();
-    let mut history = history;
-    let applied = loop {
+    admit_chain(
+        bus,
+        vec![NextTurn {
+            turn: turn.clone(),
+            history,
+        }],
+    )
+    .await
+}
+
+/// Admit each released turn and carry out its outbox; a turn that ends on the way releases the
+/// next, which joins the work list. The outboxes are cleared afterwards, the last turn's first
+/// (as [`run_outbox`] explains). A failure of one turn's own (not the bus) is logged: it must not
+/// stop the chat's order for the others.
+async fn admit_chain(bus: &Bus, mut work: Vec<NextTurn>) -> Result<(), BusError> {
+    let mut started = Vec::new();
+    while let Some(NextTurn { turn, history }) = work.pop() {
+        let Some((turn, admitted)) = admit_one(bus, turn, history).await? else {
+            continue;
+        };
+        let done = admitted.record.outbox.clone();
+        for effect in &done {
+            work.extend(execute_own(bus, &admitted.record, effect).await?);
+        }
+        started.push((turn, admitted, done));
+    }
+    while let Some((turn, admitted, done)) = started.pop() {
+        match clear_outbox(bus, admitted, &done).await {
+            Ok(_) => {}
+            Err(ApplyError::Bus(e)) => return Err(e),
+            Err(e) => warn!(turn_id = %turn, error = %e, "could not start the chat's next turn"),
+        }
+    }
+    Ok(())
+}
+
+/// Apply `Admitted` to the chat's next turn; if that turn had already ended, release it and
+/// try the one after. Returns the turn admitted, whose outbox is to be carried out.
+async fn admit_one(
+    bus: &Bus,
+    mut turn: TurnId,
+    mut history: Vec<turnpike_core::wire::HistoryEntry>,
+) -> Result<Option<(TurnId, Versioned)>, BusError> {
+    loop {
         let applied = match apply_event(bus, &turn, &Event::Admitted { history }).await {
             Ok(a) => a,
             Err(ApplyError::Bus(e)) => return Err(e),
             Err(e) => {
                 warn!(turn_id = %turn, error = %e, "could not admit the chat's next turn");
-                return Ok(());
+                return Ok(None);
             }
         };
         let Applied::Unchanged(Unchanged::AlreadyEnded { .. }, current) = &applied else {
-            break applied;
+            return Ok(Some((turn, applied.current().clone())));
         };
         // Ended before it could start (killed between its creation and its joining the chat):
         // it must not hold its chat. Let it go, and admit the chat's next turn instead.
@@ -270,16 +341,7 @@ pub async fn admit(
                 turn = next;
                 history = h;
             }
-            _ => return Ok(()),
-        }
-    };
-    // Boxed: carrying out this outbox may end in another Ended effect (recursion).
-    match Box::pin(run_outbox(bus, applied.current().clone())).await {
-        Ok(_) => Ok(()),
-        Err(ApplyError::Bus(e)) => Err(e),
-        Err(e) => {
-            warn!(turn_id = %turn, error = %e, "could not start the chat's next turn");
-            Ok(())
+            _ => return Ok(None),
         }
     }
 }
@@ -303,7 +365,18 @@ async fn send_kill(bus: &Bus, record: &TurnRecord, attempt: u32) -> Result<(), B
 }
 
 /// Carry out one effect. Idempotent: dedup ids, one schedule subject per attempt, CAS writes.
+/// Carry out one effect of `record` (and, if it ends the turn, start the chat's next turn).
 pub async fn execute(bus: &Bus, record: &TurnRecord, effect: &Effect) -> Result<(), BusError> {
+    let next = execute_own(bus, record, effect).await?;
+    admit_chain(bus, next.into_iter().collect()).await
+}
+
+/// Carry out one effect of `record`; returns the chat's next turn if ending this one released it.
+async fn execute_own(
+    bus: &Bus,
+    record: &TurnRecord,
+    effect: &Effect,
+) -> Result<Option<NextTurn>, BusError> {
     let turn = &record.turn;
     match effect {
         Effect::DispatchAttempt {
@@ -412,15 +485,18 @@ pub async fn execute(bus: &Bus, record: &TurnRecord, effect: &Effect) -> Result<
                 .header(subjects::HDR_KIND, "status")
                 .send(&bus.js)
                 .await?;
-            // The chat's next turn goes.
+            // The chat's next turn goes (the caller admits it: no recursion into apply here).
             if let Some((next, history)) = crate::chats::release(bus, record, bus.history).await? {
                 if &next != turn {
-                    admit(bus, &next, history).await?;
+                    return Ok(Some(NextTurn {
+                        turn: next,
+                        history,
+                    }));
                 }
             }
         }
     }
-    Ok(())
+    Ok(None)
 }
 
 /// How long the purge marker of an ended turn stays in the live index. Long enough for a sweep

@@ -2,13 +2,13 @@
 //! order), the conversation history new turns are given, and the errored flag. Every change is a
 //! compare-and-set, so dispatchers and coordinators may race safely.
 
-use crate::{decode_kv, now, Bus, BusError};
 use async_nats::jetstream::kv::{CreateErrorKind, UpdateErrorKind};
 use bytes::Bytes;
 use turnpike_core::chat;
 use turnpike_core::subjects;
 use turnpike_core::wire::{ChatRecord, HistoryEntry, OutboundItem, OutboundKind};
 use turnpike_core::{ChatId, TurnId, TurnRecord};
+use turnpike_jetstream::{decode_kv, now, Bus, BusError};
 
 const CAS_ATTEMPTS: usize = 100;
 
@@ -49,13 +49,14 @@ pub async fn update<R>(
         let written = match revision {
             Some(rev) => bus.chats.update(key, value, rev).await.map_err(|e| {
                 (
-                    e.kind() == UpdateErrorKind::WrongLastRevision || crate::lost_cas(&e),
+                    e.kind() == UpdateErrorKind::WrongLastRevision
+                        || turnpike_jetstream::lost_cas(&e),
                     e.to_string(),
                 )
             }),
             None => bus.chats.create(key, value).await.map_err(|e| {
                 (
-                    e.kind() == CreateErrorKind::AlreadyExists || crate::lost_cas(&e),
+                    e.kind() == CreateErrorKind::AlreadyExists || turnpike_jetstream::lost_cas(&e),
                     e.to_string(),
                 )
             }),
@@ -206,7 +207,7 @@ async fn by_sequence(bus: &Bus, record: &TurnRecord) -> Option<Vec<String>> {
         if m.subject.as_str() != subject {
             return None;
         }
-        let item = crate::decode::<OutboundItem>(Some(&m.headers), &m.payload).ok()?;
+        let item = turnpike_jetstream::decode::<OutboundItem>(Some(&m.headers), &m.payload).ok()?;
         if item.turn != record.turn || item.kind != OutboundKind::Message {
             return None;
         }

@@ -3,13 +3,13 @@
 //! goes to the stream leader (the chat-out stream has no direct gets), which holds every
 //! acknowledged marker.
 
-use crate::{decode, Bus, BusError, Publish};
 use async_nats::jetstream::stream::{LastRawMessageErrorKind, Stream};
 use std::time::Duration;
 use turnpike_core::fence::{self, FenceHolder, FenceMarker, Last};
 use turnpike_core::subjects;
 use turnpike_core::wire::{OutboundItem, OutboundKind};
 use turnpike_core::{ChatId, RunnerId, TurnId, FORMAT_VERSION};
+use turnpike_jetstream::{decode, Bus, BusError, Publish};
 
 /// Compare-and-set rounds before giving up: each lost round means another writer moved the
 /// fence, and there are at most a handful of writers per turn.

@@ -3,12 +3,12 @@
 //! never changes; a lease is taken before the claim and renewed until the exit is reported. Both
 //! are read here from the stream leader, so an acknowledged write is never missed.
 
-use crate::{decode_kv, Bus, BusError};
 use async_nats::jetstream::stream::LastRawMessageErrorKind;
 use bytes::Bytes;
 use turnpike_core::subjects;
 use turnpike_core::wire::{ClaimHolder, ClaimRecord};
 use turnpike_core::{Timestamp, TurnId};
+use turnpike_jetstream::{decode_kv, Bus, BusError};
 
 /// A KV key's last message, as the stream leader has it.
 #[derive(Debug, Clone)]

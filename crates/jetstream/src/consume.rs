@@ -5,7 +5,9 @@ use async_nats::jetstream::consumer::PullConsumer;
 use async_nats::jetstream::Message;
 use futures::StreamExt;
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
@@ -62,6 +64,77 @@ pub async fn each_message<F, Fut>(
                 Some(Err(e)) => debug!(error = %e, "pull hiccup"),
                 Some(Ok(msg)) => on_message(msg).await,
             }
+        }
+    }
+}
+
+/// Hand messages to `on_message` with a slot each, never more than `slots` allows at once, until
+/// `shutdown`: each fetch asks for exactly as many messages as there are free slots, so work
+/// this node cannot start stays in the stream for other nodes. `on_message` owns the permit and
+/// frees the slot by dropping it (it may spawn). A message beyond the free slots (a redelivery
+/// in the same batch) is handed back at once.
+pub async fn each_with_slot<F>(
+    consumer: &PullConsumer,
+    slots: Arc<Semaphore>,
+    shutdown: &CancellationToken,
+    mut on_message: F,
+) where
+    F: FnMut(Message, OwnedSemaphorePermit),
+{
+    'pull: loop {
+        let permit = tokio::select! {
+            _ = shutdown.cancelled() => break 'pull,
+            p = slots.clone().acquire_many_owned(1) => match p { Ok(p) => p, Err(_) => break 'pull },
+        };
+        // This slot plus any others free now.
+        let free = 1 + slots.available_permits();
+        let batch = consumer
+            .fetch()
+            .max_messages(free)
+            .expires(Duration::from_secs(5))
+            .messages()
+            .await;
+        let mut batch = match batch {
+            Ok(b) => b,
+            Err(e) => {
+                warn!(error = %e, "fetching failed; retrying");
+                drop(permit);
+                tokio::select! {
+                    _ = shutdown.cancelled() => break 'pull,
+                    _ = tokio::time::sleep(Duration::from_secs(1)) => continue,
+                }
+            }
+        };
+        let mut permit = Some(permit);
+        loop {
+            let next = tokio::select! {
+                _ = shutdown.cancelled() => None,
+                m = batch.next() => m,
+            };
+            let Some(item) = next else { break };
+            let msg = match item {
+                Ok(m) => m,
+                Err(e) => {
+                    warn!(error = %e, "fetch error");
+                    continue;
+                }
+            };
+            let p = match permit.take() {
+                Some(p) => p,
+                None => match slots.clone().try_acquire_owned() {
+                    Ok(p) => p,
+                    Err(_) => {
+                        let _ = msg
+                            .ack_with(async_nats::jetstream::AckKind::Nak(None))
+                            .await;
+                        continue;
+                    }
+                },
+            };
+            on_message(msg, p);
+        }
+        if shutdown.is_cancelled() {
+            break 'pull;
         }
     }
 }

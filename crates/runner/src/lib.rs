@@ -5,6 +5,9 @@
 pub mod attachments;
 mod attempt;
 pub mod backend;
+mod claim;
+mod events;
+mod land;
 /// How a run ended: the rules live in core, shared with the protocol model.
 pub use turnpike_core::exit as classify;
 mod lease;
@@ -15,9 +18,7 @@ mod stop;
 
 use async_nats::jetstream::consumer::PullConsumer;
 use backend::{Backend, DockerBackend, ProcessBackend};
-use futures::StreamExt;
 use std::sync::Arc;
-use std::time::Duration;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
@@ -130,88 +131,32 @@ impl Runner {
     /// attempts finish for up to `stop_grace`, kill what is left, and return once all reported.
     pub async fn run(self, shutdown: CancellationToken) -> Result<(), RunnerError> {
         let inner = self.inner;
-        let consumer: PullConsumer = inner
-            .bus
-            .js
-            .get_stream(subjects::STREAM_WORK)
-            .await
-            .map_err(|e| BusError::kv("open work stream", e))?
-            .get_consumer(subjects::CONSUMER_RUNNERS)
-            .await
-            .map_err(|e| BusError::kv("open runners consumer", e))?;
+        let consumer: PullConsumer = turnpike_jetstream::consume::durable(
+            &inner.bus.js,
+            subjects::STREAM_WORK,
+            subjects::CONSUMER_RUNNERS,
+        )
+        .await?;
         let slots = Arc::new(Semaphore::new(inner.config.runner_slots as usize));
         reap_orphans(&inner).await;
         let presence = tokio::spawn(announce(inner.clone()));
         let mut tasks = tokio::task::JoinSet::new();
         info!(runner_id = %inner.id, slots = inner.config.runner_slots, backend = inner.backend.name(), "runner started");
-        'pull: loop {
-            let permit = tokio::select! {
-                _ = shutdown.cancelled() => break 'pull,
-                p = slots.clone().acquire_many_owned(1) => match p { Ok(p) => p, Err(_) => break 'pull },
-            };
-            // Fetch exactly as many as there are free slots (this one plus any others).
-            let free = 1 + slots.available_permits();
-            let batch = consumer
-                .fetch()
-                .max_messages(free)
-                .expires(Duration::from_secs(5))
-                .messages()
-                .await;
-            let mut batch = match batch {
-                Ok(b) => b,
-                Err(e) => {
-                    warn!(error = %e, "fetching work failed; retrying");
-                    drop(permit);
-                    tokio::select! {
-                        _ = shutdown.cancelled() => break 'pull,
-                        _ = tokio::time::sleep(Duration::from_secs(1)) => continue,
-                    }
-                }
-            };
-            let mut permit = Some(permit);
-            loop {
-                let next = tokio::select! {
-                    _ = shutdown.cancelled() => None,
-                    m = batch.next() => m,
-                };
-                let Some(item) = next else { break };
-                let msg = match item {
-                    Ok(m) => m,
-                    Err(e) => {
-                        warn!(error = %e, "work fetch error");
-                        continue;
-                    }
-                };
-                let p = match permit.take() {
-                    Some(p) => p,
-                    None => match slots.clone().try_acquire_owned() {
-                        Ok(p) => p,
-                        Err(_) => {
-                            // More than free slots arrived: give it back for another runner.
-                            let _ = msg
-                                .ack_with(async_nats::jetstream::AckKind::Nak(None))
-                                .await;
-                            continue;
-                        }
-                    },
-                };
-                let inner = inner.clone();
+        turnpike_jetstream::consume::each_with_slot(&consumer, slots, &shutdown, |msg, slot| {
+            let inner = inner.clone();
+            inner
+                .running
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            tasks.spawn(async move {
+                attempt::handle(inner.clone(), msg).await;
                 inner
                     .running
-                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                tasks.spawn(async move {
-                    attempt::handle(inner.clone(), msg).await;
-                    inner
-                        .running
-                        .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
-                    drop(p);
-                });
-            }
+                    .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+                drop(slot);
+            });
             while tasks.try_join_next().is_some() {}
-            if shutdown.is_cancelled() {
-                break 'pull;
-            }
-        }
+        })
+        .await;
         info!(running = tasks.len(), "runner draining");
         let grace = inner.config.stop_grace;
         if tokio::time::timeout(grace, async { while tasks.join_next().await.is_some() {} })
@@ -250,7 +195,7 @@ async fn reap_orphans(inner: &Arc<Inner>) {
             continue;
         };
         warn!(turn_id = %turn, attempt, container = %o.container, "removed a run left by an earlier life; reporting it lost");
-        attempt::report_orphan(inner, turn, chat, attempt).await;
+        events::report_orphan(inner, turn, chat, attempt).await;
     }
 }
 

@@ -68,6 +68,17 @@ pub enum OutboundKind {
     Notice,
 }
 
+impl OutboundKind {
+    /// The kind as the wire (and the `Turnpike-Kind` header) spells it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OutboundKind::Message => "message",
+            OutboundKind::Status => "status",
+            OutboundKind::Notice => "notice",
+        }
+    }
+}
+
 /// Published on `turnpike.chat.out.<chat>`.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct OutboundItem {

@@ -11,6 +11,20 @@ fn exit_classes_display_as_serde_spells_them() {
     }
 }
 #[test]
+fn outbound_kinds_are_named_as_serde_spells_them() {
+    for k in [
+        OutboundKind::Message,
+        OutboundKind::Status,
+        OutboundKind::Notice,
+    ] {
+        assert_eq!(
+            serde_json::to_value(k).expect("json"),
+            serde_json::json!(k.as_str())
+        );
+    }
+}
+
+#[test]
 fn roles_display_as_serde_spells_them() {
     for r in [Role::User, Role::Bot, Role::Note] {
         assert_eq!(

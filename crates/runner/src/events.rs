@@ -1,0 +1,99 @@
+//! Runner events on the coordinator's subject: started, progress, each landed message, the exit.
+//! Each is retried with the same dedup id, so a blip neither loses nor doubles one.
+
+use crate::claim::{fence_out_and_count, Settled};
+use crate::Inner;
+use tracing::warn;
+use turnpike_core::subjects::{self, msg_id};
+use turnpike_core::wire::{ExitReport, RunnerEvent, RunnerEventKind, WorkItem};
+use turnpike_core::FORMAT_VERSION;
+use turnpike_jetstream::{now, Publish};
+
+/// What a runner event is about.
+#[derive(Clone, Copy)]
+pub(crate) struct WorkItemRef<'a> {
+    turn: &'a turnpike_core::TurnId,
+    chat: &'a turnpike_core::ChatId,
+    attempt: u32,
+}
+
+/// Publish a runner event, retried (same dedup id) so a blip does not lose it.
+pub(crate) async fn emit(inner: &Inner, work: &WorkItem, what: &str, kind: RunnerEventKind) {
+    let about = WorkItemRef {
+        turn: &work.turn,
+        chat: &work.chat,
+        attempt: work.attempt,
+    };
+    emit_for(inner, about, what, kind).await
+}
+
+async fn emit_for(inner: &Inner, work: WorkItemRef<'_>, what: &str, kind: RunnerEventKind) {
+    let event = RunnerEvent {
+        v: FORMAT_VERSION,
+        turn: work.turn.clone(),
+        chat: work.chat.clone(),
+        attempt: work.attempt,
+        runner: inner.id.clone(),
+        at: now(),
+        kind,
+    };
+    let id = msg_id::event(work.turn, work.attempt, what);
+    let mut retries = crate::retries::Retries::event();
+    loop {
+        let publish = Publish::new(inner.bus.codec, subjects::events(work.turn), &event).map(|p| {
+            p.msg_id(&id)
+                .header(subjects::HDR_TURN, work.turn.as_str())
+                .header(subjects::HDR_ATTEMPT, &work.attempt.to_string())
+        });
+        let result = match publish {
+            Ok(p) => p.send(&inner.bus.js).await.map(|_| ()),
+            Err(e) => Err(e),
+        };
+        let Err(e) = result else { return };
+        match retries.after_failure() {
+            Some(wait) => {
+                warn!(error = %e, event = what, "runner event not acknowledged; retrying");
+                tokio::time::sleep(wait).await;
+            }
+            None => {
+                warn!(
+                    event = what,
+                    "runner event lost after every try; the lease sweep will settle the attempt"
+                );
+                return;
+            }
+        }
+    }
+}
+
+/// Report an attempt found as a leftover container after a restart: runner lost. Like the
+/// coordinator's sweep, it first fences the attempt out (unless a later attempt holds the fence
+/// already) and then counts what of it landed, so a reply that landed is never followed by a retry.
+pub(crate) async fn report_orphan(
+    inner: &Inner,
+    turn: turnpike_core::TurnId,
+    chat: turnpike_core::ChatId,
+    attempt: u32,
+) {
+    let Settled::Landed(replies) = fence_out_and_count(inner, &chat, &turn, attempt).await else {
+        return;
+    };
+    let work_like = WorkItemRef {
+        turn: &turn,
+        chat: &chat,
+        attempt,
+    };
+    let report =
+        ExitReport::runner_lost("the runner restarted while the attempt ran", replies, now());
+    emit_for(
+        inner,
+        work_like,
+        "exited",
+        RunnerEventKind::Exited { report },
+    )
+    .await;
+}
+
+pub(crate) async fn report_exit(inner: &Inner, work: &WorkItem, report: ExitReport) {
+    emit(inner, work, "exited", RunnerEventKind::Exited { report }).await;
+}

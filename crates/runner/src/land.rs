@@ -1,0 +1,265 @@
+//! Landing what an agent says: its stdout split into protocol lines, bot messages published on
+//! the chat's outbound subject only while the turn's fence is this attempt's, status updates,
+//! and the agent's own verdict.
+
+use crate::classify::StopReason;
+use crate::events::emit;
+use crate::lines::{Line, LineSplitter, MAX_LINE};
+use crate::Inner;
+use async_nats::jetstream::publish::PublishAck;
+use tokio::sync::watch;
+use tracing::{debug, warn};
+use turnpike_core::subjects::{self, msg_id};
+use turnpike_core::wire::{
+    AgentLine, AgentStatus, OutboundItem, OutboundKind, RunnerEventKind, WorkItem,
+};
+use turnpike_core::FORMAT_VERSION;
+use turnpike_jetstream::{BusError, Publish};
+
+/// Longest agent error kept in an exit report (and so in the turn record).
+const MAX_ERROR: usize = 4096;
+
+/// What an attempt's output came to, once its stdout closed.
+pub(crate) struct Landing {
+    /// Bot messages acknowledged on the outbound stream.
+    pub landed: u32,
+    /// Their stream sequences, in order.
+    pub replies: Vec<u64>,
+    /// The agent's own verdict (`{"type":"result"}`), and its error text, bounded.
+    pub verdict: Option<AgentStatus>,
+    pub verdict_error: Option<String>,
+    /// Did the agent write anything to stdout at all?
+    pub any_output: bool,
+    /// A bot message may have landed without an acknowledgement: settle the count from the
+    /// stream before reporting ([`crate::claim::settle_uncertain`]).
+    pub uncertain: bool,
+}
+
+/// Lands one attempt's output while the turn's fence is the attempt's.
+pub(crate) struct Lander<'a> {
+    inner: &'a Inner,
+    work: &'a WorkItem,
+    fence_subject: String,
+    fence_seq: u64,
+    splitter: LineSplitter,
+    landed: u32,
+    /// Outbound stream sequences of the landed messages, in order.
+    replies: Vec<u64>,
+    status_seq: u32,
+    verdict: Option<AgentStatus>,
+    verdict_error: Option<String>,
+    any_output: bool,
+    fenced: bool,
+    /// A bot message was published and never acknowledged: it may have landed or not, so
+    /// `landed` may be short (see [`crate::claim::settle_uncertain`]).
+    uncertain: bool,
+}
+
+impl<'a> Lander<'a> {
+    /// A lander for `work`, whose fence this runner holds at `fence_seq`.
+    pub(crate) fn new(inner: &'a Inner, work: &'a WorkItem, fence_seq: u64) -> Self {
+        Lander {
+            inner,
+            work,
+            fence_subject: subjects::fence(&work.turn),
+            fence_seq,
+            splitter: LineSplitter::new(MAX_LINE),
+            landed: 0,
+            replies: Vec::new(),
+            status_seq: 0,
+            verdict: None,
+            verdict_error: None,
+            any_output: false,
+            fenced: false,
+            uncertain: false,
+        }
+    }
+
+    /// A chunk of the agent's stdout: every whole line in it is landed, in order.
+    pub(crate) async fn stdout(&mut self, bytes: &[u8], stop: &watch::Sender<Option<StopReason>>) {
+        self.any_output = true;
+        for line in self.splitter.push(bytes) {
+            self.line(line, stop).await;
+        }
+    }
+
+    /// Stdout closed: land a last line without a newline, and say what it all came to.
+    pub(crate) async fn finish(mut self, stop: &watch::Sender<Option<StopReason>>) -> Landing {
+        if let Some(line) = self.splitter.finish() {
+            self.line(line, stop).await;
+        }
+        Landing {
+            landed: self.landed,
+            replies: self.replies,
+            verdict: self.verdict,
+            verdict_error: self.verdict_error,
+            any_output: self.any_output,
+            uncertain: self.uncertain,
+        }
+    }
+
+    async fn line(&mut self, line: Line, stop: &watch::Sender<Option<StopReason>>) {
+        let text = match line {
+            Line::Text(t) => t,
+            Line::Oversize { len, head } => {
+                // Cut, not dropped: a huge reply lands cut, a huge error still fails the turn.
+                match crate::lines::salvage(&head, len) {
+                    Some(salvaged) => {
+                        warn!(len, "agent line over 1 MiB; using what its head says");
+                        return self.parsed(salvaged, stop).await;
+                    }
+                    None => {
+                        warn!(len, "agent line over 1 MiB, not a protocol line; skipped");
+                        return;
+                    }
+                }
+            }
+            Line::NotUtf8 { len } => {
+                warn!(len, "agent line not UTF-8 skipped");
+                return;
+            }
+        };
+        if text.trim().is_empty() {
+            return;
+        }
+        let parsed: AgentLine = match serde_json::from_str(&text) {
+            Ok(p) => p,
+            Err(e) => {
+                let shown: String = text.chars().take(200).collect();
+                debug!(line = %shown, error = %e, "agent stdout (not a protocol line)");
+                return;
+            }
+        };
+        self.parsed(parsed, stop).await
+    }
+
+    async fn parsed(&mut self, line: AgentLine, stop: &watch::Sender<Option<StopReason>>) {
+        match line {
+            AgentLine::Message { text } => self.message(text, stop).await,
+            AgentLine::Status { text } => self.status(text).await,
+            AgentLine::Result { status, error } => {
+                self.verdict = Some(status);
+                // Kept in the turn record: bounded.
+                self.verdict_error =
+                    error.map(|e| turnpike_core::texts::truncate(&e, MAX_ERROR).into_owned());
+            }
+        }
+    }
+
+    async fn message(&mut self, text: String, stop: &watch::Sender<Option<StopReason>>) {
+        if self.fenced {
+            return;
+        }
+        let text = self.bounded(text);
+        let seq = self.landed + 1;
+        let item = self.item(OutboundKind::Message, text);
+        let id = msg_id::bot_message(&self.work.turn, self.work.attempt, seq);
+        let mut retries = crate::retries::Retries::bot_message();
+        loop {
+            let result = self.publish(&item, &id).await;
+            match result {
+                Ok(ack) => {
+                    self.landed = seq;
+                    self.replies.push(ack.sequence);
+                    emit(
+                        self.inner,
+                        self.work,
+                        &format!("landed.{seq}"),
+                        RunnerEventKind::MessageLanded {
+                            seq,
+                            // Where it is stored, so the coordinator reads it back by sequence.
+                            stream_seq: Some(ack.sequence),
+                        },
+                    )
+                    .await;
+                    return;
+                }
+                Err(BusError::Fenced { .. }) => {
+                    self.fenced = true;
+                    let why =
+                        crate::stop::fence_moved(self.inner, &self.work.turn, self.fence_seq).await;
+                    warn!(
+                        ?why,
+                        "the fence moved: the bot message was refused; stopping the run"
+                    );
+                    crate::stop::request(stop, why);
+                    return;
+                }
+                Err(e) => match retries.after_failure() {
+                    Some(wait) => {
+                        warn!(error = %e, "bot message not acknowledged; retrying with the same dedup id");
+                        tokio::time::sleep(wait).await;
+                    }
+                    None => {
+                        // Not acknowledged is not refused: the server may have stored it. The
+                        // count is settled from the stream at exit, after the fence moves.
+                        warn!(error = %e, "bot message not acknowledged after every try; whether it landed is settled at exit");
+                        self.uncertain = true;
+                        return;
+                    }
+                },
+            }
+        }
+    }
+
+    /// An outbound item of this attempt: a bot message, or its live status (one per turn).
+    fn item(&self, kind: OutboundKind, text: String) -> OutboundItem {
+        OutboundItem {
+            v: FORMAT_VERSION,
+            kind,
+            chat: self.work.chat.clone(),
+            turn: self.work.turn.clone(),
+            attempt: self.work.attempt,
+            text,
+            status_id: (kind == OutboundKind::Status).then(|| subjects::status_id(&self.work.turn)),
+            r#final: false,
+        }
+    }
+
+    /// Publish on the chat's outbound subject, only while the turn's fence is this attempt's
+    /// (`BusError::Fenced` when it moved), deduplicated by `id`.
+    async fn publish(&self, item: &OutboundItem, id: &str) -> Result<PublishAck, BusError> {
+        let bus = &self.inner.bus;
+        Publish::new(bus.codec, subjects::chat_out(&self.work.chat), item)?
+            .msg_id(id)
+            .header(subjects::HDR_TURN, self.work.turn.as_str())
+            .header(subjects::HDR_ATTEMPT, &self.work.attempt.to_string())
+            .header(subjects::HDR_KIND, item.kind.as_str())
+            .expect_last_on(&self.fence_subject, self.fence_seq)
+            .send(&bus.js)
+            .await
+    }
+
+    /// Text cut to `message_max_bytes`, with a marker: a long reply is shown cut, never dropped.
+    fn bounded(&self, text: String) -> String {
+        let max = self.inner.config.message_max_bytes.0 as usize;
+        match turnpike_core::texts::truncate(&text, max) {
+            std::borrow::Cow::Borrowed(_) => text,
+            std::borrow::Cow::Owned(cut) => {
+                warn!(
+                    len = text.len(),
+                    max, "agent message over the limit; landing it cut"
+                );
+                cut
+            }
+        }
+    }
+
+    async fn status(&mut self, text: String) {
+        let text = self.bounded(text);
+        self.status_seq += 1;
+        let item = self.item(OutboundKind::Status, text.clone());
+        let id = msg_id::status(&self.work.turn, self.work.attempt, self.status_seq);
+        let published = self.publish(&item, &id).await;
+        if let Err(e) = published {
+            debug!(error = %e, "status update not published");
+        }
+        emit(
+            self.inner,
+            self.work,
+            &format!("progress.{}", self.status_seq),
+            RunnerEventKind::Progress { text },
+        )
+        .await;
+    }
+}

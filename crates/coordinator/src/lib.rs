@@ -14,7 +14,7 @@ use turnpike_core::lifecycle::Event;
 use turnpike_core::subjects;
 use turnpike_core::wire::{ClaimHolder, RunnerEvent, RunnerEventKind};
 use turnpike_core::RunnerId;
-use turnpike_jetstream::{dead_letter, decode, Bus, BusError};
+use turnpike_jetstream::{decode, Bus, BusError};
 use turnpike_store::turns::{self, Applied, ApplyError};
 
 /// Events applied at once by one coordinator (events of one turn may race; CAS sorts them out).
@@ -183,35 +183,26 @@ async fn handle(
     let ev: RunnerEvent = match decode(msg.headers.as_ref(), &msg.payload) {
         Ok(ev) => ev,
         Err(e) => {
-            dead_letter(
-                &bus.js,
-                "coordinator",
+            return refuse(
+                bus,
+                counters,
+                &msg,
                 &format!("undecodable runner event: {e}"),
-                msg.subject.as_str(),
-                msg.headers.as_ref(),
-                msg.payload.clone(),
             )
-            .await;
-            counters.dead_lettered();
-            let _ = msg.ack().await;
-            return;
+            .await
         }
     };
     let span = tracing::info_span!("event", turn_id = %ev.turn, attempt = ev.attempt,
         chat_id = %ev.chat, runner_id = %ev.runner);
     async {
         if msg.subject.as_str() != subjects::events(&ev.turn) {
-            dead_letter(
-                &bus.js,
-                "coordinator",
+            return refuse(
+                bus,
+                counters,
+                &msg,
                 "event names another turn than its subject",
-                msg.subject.as_str(),
-                msg.headers.as_ref(),
-                msg.payload.clone(),
             )
             .await;
-            let _ = msg.ack().await;
-            return;
         }
         let Some(event) = lifecycle_event(&ev) else {
             let _ = msg.ack().await;
@@ -239,29 +230,27 @@ async fn handle(
             Ok(()) => {
                 let _ = msg.ack().await;
             }
-            Err(ApplyError::Bus(e)) => {
-                // Transient: leave it to redelivery.
+            Err(e) if e.is_transient() => {
                 warn!(error = %e, "event not applied yet; will retry");
                 let _ = msg
                     .ack_with(AckKind::Nak(Some(Duration::from_secs(1))))
                     .await;
             }
-            Err(e) => {
-                dead_letter(
-                    &bus.js,
-                    "coordinator",
-                    &e.to_string(),
-                    msg.subject.as_str(),
-                    msg.headers.as_ref(),
-                    msg.payload.clone(),
-                )
-                .await;
-                let _ = msg.ack().await;
-            }
+            Err(e) => refuse(bus, counters, &msg, &e.to_string()).await,
         }
     }
     .instrument(span)
     .await
+}
+
+/// The coordinator's one way to refuse an event: dead letter, counted, never redelivered.
+async fn refuse(
+    bus: &Bus,
+    counters: &Counters,
+    msg: &async_nats::jetstream::Message,
+    reason: &str,
+) {
+    turnpike_jetstream::refuse(&bus.js, "coordinator", msg, reason, &counters.dead_lettered).await;
 }
 
 async fn apply(

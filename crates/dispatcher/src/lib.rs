@@ -205,13 +205,13 @@ impl Dispatcher {
                         let _ = msg.ack().await;
                         return;
                     }
-                    Err(ApplyError::Bus(e)) if tries < IN_PLACE_TRIES => {
+                    Err(e) if e.is_transient() && tries < IN_PLACE_TRIES => {
                         warn!(error = %e, tries, "turn not created yet; retrying");
                         let _ = msg.ack_with(AckKind::Progress).await;
                         tokio::time::sleep(wait).await;
                         wait = (wait * 2).min(Duration::from_secs(5));
                     }
-                    Err(ApplyError::Bus(e)) => {
+                    Err(e) if e.is_transient() => {
                         warn!(error = %e, "turn not created yet; leaving it to redelivery");
                         let _ = msg
                             .ack_with(AckKind::Nak(Some(Duration::from_secs(1))))
@@ -226,21 +226,10 @@ impl Dispatcher {
         .await
     }
 
-    /// Refused input is recorded as a dead letter with the reason, counted taken in its chat
-    /// (so the chat's later messages go), then acknowledged.
+    /// The dispatcher's one way to refuse input: counted taken in its chat first (so the chat's
+    /// later messages go; if that fails it comes back and is refused again), then a dead letter
+    /// with the reason, counted, never redelivered.
     async fn refuse(&self, msg: &Message, reason: String) {
-        self.counters
-            .messages_refused
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        dead_letter(
-            &self.bus.js,
-            "dispatcher",
-            &reason,
-            msg.subject.as_str(),
-            msg.headers.as_ref(),
-            msg.payload.clone(),
-        )
-        .await;
         let chat = msg
             .subject
             .as_str()
@@ -250,14 +239,21 @@ impl Dispatcher {
             if let Err(e) =
                 turnpike_store::chats::inbound_taken(&self.bus, &chat, info.stream_sequence).await
             {
-                warn!(error = %e, "refused, but not yet counted taken; will be redone");
+                warn!(error = %e, %reason, "to be refused, but not yet counted taken; will be redone");
                 let _ = msg
                     .ack_with(AckKind::Nak(Some(Duration::from_secs(1))))
                     .await;
                 return;
             }
         }
-        let _ = msg.ack().await;
+        turnpike_jetstream::refuse(
+            &self.bus.js,
+            "dispatcher",
+            msg,
+            &reason,
+            &self.counters.messages_refused,
+        )
+        .await;
     }
 
     async fn create_turn(
@@ -380,6 +376,9 @@ impl Dispatcher {
         reason: &str,
     ) -> Result<(), ApplyError> {
         warn!(%reason, "message refused");
+        self.counters
+            .messages_refused
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let item = turnpike_core::wire::OutboundItem {
             v: turnpike_core::FORMAT_VERSION,
             kind: turnpike_core::wire::OutboundKind::Notice,

@@ -1,4 +1,5 @@
-use std::fmt::Display;
+/// An underlying error (async-nats', serde's, or a sentence of ours), kept as the source.
+pub type Source = Box<dyn std::error::Error + Send + Sync>;
 
 /// What went wrong talking to NATS, with what Turnpike was doing at the time.
 #[derive(Debug, thiserror::Error)]
@@ -17,41 +18,81 @@ pub enum BusError {
         #[source]
         source: serde_json::Error,
     },
-    #[error("could not create or update {what}: {message}")]
-    Topology { what: String, message: String },
+    #[error("could not create or update {what}: {source}")]
+    Topology {
+        what: String,
+        #[source]
+        source: Source,
+    },
     #[error(
-        "could not open {name}: {message} — run `turnpike setup` (or any role with manage_topology on) to create the topology"
+        "could not open {name}: {source} — run `turnpike setup` (or any role with manage_topology on) to create the topology"
     )]
-    Bucket { name: &'static str, message: String },
-    #[error("publish to {subject} failed: {message}")]
-    Publish { subject: String, message: String },
+    Bucket {
+        name: &'static str,
+        #[source]
+        source: Source,
+    },
+    #[error("publish to {subject} failed: {source}")]
+    Publish {
+        subject: String,
+        #[source]
+        source: Source,
+    },
     #[error("publish to {subject} refused: the attempt was superseded (fence moved)")]
     Fenced { subject: String },
-    #[error("{what} failed: {message}")]
-    Kv { what: String, message: String },
+    #[error("{what} failed: {source}")]
+    Kv {
+        what: String,
+        #[source]
+        source: Source,
+    },
     #[error("could not encode payload: {0}")]
     Encode(#[from] turnpike_core::codec::CodecError),
 }
 
 impl BusError {
-    pub(crate) fn bucket(name: &'static str, e: impl Display) -> Self {
+    pub(crate) fn bucket(name: &'static str, e: impl Into<Source>) -> Self {
         BusError::Bucket {
             name,
-            message: e.to_string(),
+            source: e.into(),
         }
     }
 
-    pub fn kv(what: impl Into<String>, e: impl Display) -> Self {
+    pub fn kv(what: impl Into<String>, e: impl Into<Source>) -> Self {
         BusError::Kv {
             what: what.into(),
-            message: e.to_string(),
+            source: e.into(),
         }
     }
 
-    pub fn publish(subject: impl Into<String>, e: impl Display) -> Self {
+    pub fn publish(subject: impl Into<String>, e: impl Into<Source>) -> Self {
         BusError::Publish {
             subject: subject.into(),
-            message: e.to_string(),
+            source: e.into(),
+        }
+    }
+
+    pub fn topology(what: impl Into<String>, e: impl Into<Source>) -> Self {
+        BusError::Topology {
+            what: what.into(),
+            source: e.into(),
+        }
+    }
+
+    /// May the same request succeed if tried again later? NATS unreachable, a time-out, a lost
+    /// race: yes (a consumer naks the message and it comes back). A bad setting or definition,
+    /// a payload that cannot be encoded, a fence that moved: no, trying again changes nothing.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            BusError::Connect { .. }
+            | BusError::Bucket { .. }
+            | BusError::Publish { .. }
+            | BusError::Kv { .. } => true,
+            BusError::Setting(_)
+            | BusError::Definition { .. }
+            | BusError::Topology { .. }
+            | BusError::Fenced { .. }
+            | BusError::Encode(_) => false,
         }
     }
 }
@@ -112,6 +153,34 @@ mod tests {
             UpdateError::from(single).kind(),
             UpdateErrorKind::WrongLastRevision
         );
+    }
+
+    /// NAK (try again) or refuse: a NATS failure may pass; a fence that moved or a bad setting
+    /// never will, and a message that keeps failing that way must not loop forever.
+    #[test]
+    fn transient_failures_are_the_ones_that_may_pass() {
+        use super::BusError;
+        assert!(BusError::kv("update turn t", "timed out").is_transient());
+        assert!(BusError::publish("turnpike.chat.out.c", "no responders").is_transient());
+        assert!(!BusError::Fenced {
+            subject: "turnpike.chat.out.c".into()
+        }
+        .is_transient());
+        assert!(!BusError::Setting("nats_url is empty".into()).is_transient());
+    }
+
+    /// The underlying error is kept as the source, not flattened into text: `lost_cas` and
+    /// operators' cause chains can see it.
+    #[test]
+    fn the_source_is_kept() {
+        use super::BusError;
+        let update = UpdateError::from(PublishError::with_source(
+            PublishErrorKind::Other,
+            api_error(10164, "wrong last sequence constant"),
+        ));
+        let e = BusError::kv("update turn t", update);
+        assert!(std::error::Error::source(&e).is_some());
+        assert!(lost_cas(&e));
     }
 
     #[test]

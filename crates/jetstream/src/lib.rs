@@ -11,7 +11,7 @@ pub mod topology;
 pub use connect::{connect, describe_servers};
 pub use error::{lost_cas, BusError};
 pub use publish::{
-    dead_letter, decode, decode_kv, encode_headers, header_str, now, publish, Publish,
+    dead_letter, decode, decode_kv, encode_headers, header_str, now, publish, refuse, Publish,
 };
 
 use async_nats::jetstream::{self, kv, object_store};

@@ -137,6 +137,31 @@ pub async fn publish<T: Serialize>(
     p.send(js).await
 }
 
+/// Refuse a pulled message for good: record it as a dead letter of `role` with `reason`, count
+/// it in `refused`, and terminate its delivery (it never comes back). Every role refuses input
+/// this way; the dispatcher first counts the message taken in its chat.
+pub async fn refuse(
+    js: &Context,
+    role: &str,
+    msg: &async_nats::jetstream::Message,
+    reason: &str,
+    refused: &std::sync::atomic::AtomicU64,
+) {
+    refused.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    dead_letter(
+        js,
+        role,
+        reason,
+        msg.subject.as_str(),
+        msg.headers.as_ref(),
+        msg.payload.clone(),
+    )
+    .await;
+    if let Err(e) = msg.ack_with(async_nats::jetstream::AckKind::Term).await {
+        tracing::debug!(error = %e, "terminating a refused message failed; it may come back and be refused again");
+    }
+}
+
 /// Record input a role refused: the original payload and headers, plus why and from where.
 /// Never fails the caller: if even this publish fails, it is logged.
 pub async fn dead_letter(

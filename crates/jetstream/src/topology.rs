@@ -144,10 +144,7 @@ pub async fn ensure(js: &Context, config: &Config) -> Result<(), BusError> {
         let name = s.name.clone();
         js.create_or_update_stream(s)
             .await
-            .map_err(|e| BusError::Topology {
-                what: format!("stream {name}"),
-                message: e.to_string(),
-            })?;
+            .map_err(|e| BusError::topology(format!("stream {name}"), e))?;
     }
     for (stream_name, c) in consumer_configs(config)? {
         let durable = c.durable_name.clone().unwrap_or_default();
@@ -155,20 +152,13 @@ pub async fn ensure(js: &Context, config: &Config) -> Result<(), BusError> {
         let stream = js
             .get_stream(stream_name)
             .await
-            .map_err(|e| BusError::Topology {
-                what: what(),
-                message: e.to_string(),
-            })?;
+            .map_err(|e| BusError::topology(what(), e))?;
         let created = stream.create_consumer(c.clone()).await;
         if let Err(create_err) = created {
             // Exists with other settings (an older release): update it in place.
-            stream
-                .update_consumer(c)
-                .await
-                .map_err(|e| BusError::Topology {
-                    what: what(),
-                    message: format!("{create_err}; then update: {e}"),
-                })?;
+            stream.update_consumer(c).await.map_err(|e| {
+                BusError::topology(what(), format!("{create_err}; then update: {e}"))
+            })?;
         }
     }
     Ok(())

@@ -6,7 +6,6 @@ use crate::backend::{Output, RunSpec};
 use crate::classify::{classify, StopReason};
 use crate::events::{emit, report_exit};
 use crate::Inner;
-use async_nats::jetstream::AckKind;
 use std::sync::Arc;
 use std::time::SystemTime;
 use tokio::sync::{mpsc, watch};
@@ -14,7 +13,7 @@ use tracing::{debug, info, warn, Instrument};
 use turnpike_core::subjects;
 use turnpike_core::wire::{AttemptStart, ExitReport, RunnerEventKind, WorkItem};
 use turnpike_core::Timestamp;
-use turnpike_jetstream::{dead_letter, decode, now};
+use turnpike_jetstream::{decode, now};
 use turnpike_store::fence::Taken;
 
 /// Take one work message from the runners' consumer and see it through.
@@ -22,16 +21,15 @@ pub(crate) async fn handle(inner: Arc<Inner>, msg: async_nats::jetstream::Messag
     let work: WorkItem = match decode(msg.headers.as_ref(), &msg.payload) {
         Ok(w) => w,
         Err(e) => {
-            dead_letter(
+            // The runner's one way to refuse input (as every role: dead letter, counted).
+            turnpike_jetstream::refuse(
                 &inner.bus.js,
                 "runner",
+                &msg,
                 &format!("undecodable work item: {e}"),
-                msg.subject.as_str(),
-                msg.headers.as_ref(),
-                msg.payload.clone(),
+                &inner.refused,
             )
             .await;
-            let _ = msg.ack_with(AckKind::Term).await;
             return;
         }
     };

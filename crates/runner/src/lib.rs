@@ -31,7 +31,7 @@ pub enum RunnerError {
     #[error(transparent)]
     Bus(#[from] BusError),
     #[error("runner backend: {0}")]
-    Backend(String),
+    Backend(#[from] backend::BackendError),
 }
 
 pub(crate) struct Inner {
@@ -44,6 +44,8 @@ pub(crate) struct Inner {
     /// Attempts running now. Not the semaphore's count: the pull loop holds a permit while it
     /// merely waits for work.
     pub(crate) running: std::sync::atomic::AtomicU32,
+    /// Work items refused (dead-lettered) since start.
+    pub(crate) refused: std::sync::atomic::AtomicU64,
 }
 
 pub struct Runner {
@@ -72,6 +74,13 @@ impl RunnerMetrics {
             g.set(i64::from(n));
             registry.register(name, help, g);
         }
+        let refused = prometheus_client::metrics::counter::Counter::<u64>::default();
+        refused.inc_by(self.0.refused.load(std::sync::atomic::Ordering::Relaxed));
+        registry.register(
+            "work_refused",
+            "Work items this runner refused (dead letter)",
+            refused,
+        );
         let mut out = String::new();
         prometheus_client::encoding::text::encode(&mut out, &registry)?;
         Ok(out)
@@ -95,21 +104,15 @@ impl Runner {
         let id = runner_id(&config);
         let backend = match config.runner_backend {
             turnpike_config::Backend::Process => {
-                let command = config.agent_command.as_deref().ok_or_else(|| {
-                    RunnerError::Backend(
-                        "the process backend needs agent_command (TURNPIKE_AGENT_COMMAND)".into(),
-                    )
-                })?;
-                Backend::Process(
-                    ProcessBackend::new(command, config.scratch_dir.clone())
-                        .map_err(RunnerError::Backend)?,
-                )
+                let command = config
+                    .agent_command
+                    .as_deref()
+                    .ok_or(backend::BackendError::NoAgentCommand)?;
+                Backend::Process(ProcessBackend::new(command, config.scratch_dir.clone())?)
             }
-            turnpike_config::Backend::Docker => Backend::Docker(
-                DockerBackend::connect(&config, id.clone())
-                    .await
-                    .map_err(RunnerError::Backend)?,
-            ),
+            turnpike_config::Backend::Docker => {
+                Backend::Docker(DockerBackend::connect(&config, id.clone()).await?)
+            }
         };
         Ok(Runner {
             inner: Arc::new(Inner {
@@ -119,6 +122,7 @@ impl Runner {
                 backend,
                 hard_stop: CancellationToken::new(),
                 running: std::sync::atomic::AtomicU32::new(0),
+                refused: std::sync::atomic::AtomicU64::new(0),
             }),
         })
     }

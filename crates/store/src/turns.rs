@@ -22,8 +22,12 @@ pub struct Versioned {
 pub enum ApplyError {
     #[error("turn {0} is not in the turns bucket")]
     UnknownTurn(TurnId),
-    #[error("turn record {turn} cannot be read: {message}")]
-    BadRecord { turn: TurnId, message: String },
+    #[error("turn record {turn} cannot be read: {source}")]
+    BadRecord {
+        turn: TurnId,
+        #[source]
+        source: turnpike_core::codec::CodecError,
+    },
     #[error(transparent)]
     Transition(#[from] TransitionError),
     #[error("event from runner {runner} for {turn} attempt {attempt}, whose claim is {holder}")]
@@ -35,6 +39,13 @@ pub enum ApplyError {
     },
     #[error(transparent)]
     Bus(#[from] BusError),
+}
+
+impl ApplyError {
+    /// May applying the same event succeed later (NAK and redeliver), or never (refuse it)?
+    pub fn is_transient(&self) -> bool {
+        matches!(self, ApplyError::Bus(e) if e.is_transient())
+    }
 }
 
 /// What applying an event did.
@@ -71,7 +82,7 @@ pub async fn load(bus: &Bus, turn: &TurnId) -> Result<Option<Versioned>, ApplyEr
     }
     let record = decode_kv::<TurnRecord>(&entry.value).map_err(|e| ApplyError::BadRecord {
         turn: turn.clone(),
-        message: e.to_string(),
+        source: e,
     })?;
     Ok(Some(Versioned {
         record,

@@ -5,7 +5,7 @@
 //! before start (not bind-mounted: the runner may itself run in a container, where host paths
 //! differ). The container is always removed afterwards.
 
-use super::{Output, RunSpec};
+use super::{BackendError, Output, RunSpec};
 use crate::backend::process::wait_stop;
 use crate::classify::{RawExit, StopReason};
 use bollard::container::LogOutput;
@@ -76,13 +76,13 @@ pub fn attach_options() -> AttachContainerOptions {
 
 impl DockerBackend {
     /// Connect to the local engine (DOCKER_HOST or the default socket), negotiating the API version.
-    pub async fn connect(config: &Config, runner: RunnerId) -> Result<Self, String> {
+    pub async fn connect(config: &Config, runner: RunnerId) -> Result<Self, BackendError> {
         let docker = Docker::connect_with_local_defaults()
-            .map_err(|e| format!("cannot connect to the Docker Engine: {e}"))?
+            .map_err(BackendError::DockerConnect)?
             .with_timeout(ENGINE_TIMEOUT)
             .negotiate_version()
             .await
-            .map_err(|e| format!("cannot talk to the Docker Engine (is it running, and may this user use its socket?): {e}"))?;
+            .map_err(BackendError::DockerUnreachable)?;
         Ok(DockerBackend {
             docker,
             runner,
@@ -99,8 +99,15 @@ impl DockerBackend {
     }
 
     /// Does the engine enforce memory limits (cgroup memory controller present)?
-    pub async fn enforces_memory_limits(&self) -> Result<bool, String> {
-        let info = self.docker.info().await.map_err(|e| e.to_string())?;
+    pub async fn enforces_memory_limits(&self) -> Result<bool, BackendError> {
+        let info = self
+            .docker
+            .info()
+            .await
+            .map_err(|source| BackendError::Docker {
+                what: "describe itself",
+                source,
+            })?;
         Ok(info.memory_limit.unwrap_or(false))
     }
 
@@ -110,7 +117,7 @@ impl DockerBackend {
     }
 
     /// Remove every container labelled with this runner's id (left by an earlier life).
-    pub async fn reap_orphans(&self) -> Result<Vec<Orphan>, String> {
+    pub async fn reap_orphans(&self) -> Result<Vec<Orphan>, BackendError> {
         let filters: HashMap<&str, Vec<String>> =
             HashMap::from([("label", vec![format!("{LABEL_RUNNER}={}", self.runner)])]);
         let list = self
@@ -122,7 +129,10 @@ impl DockerBackend {
                     .build(),
             ))
             .await
-            .map_err(|e| format!("cannot list containers: {e}"))?;
+            .map_err(|source| BackendError::Docker {
+                what: "list containers",
+                source,
+            })?;
         let mut out = Vec::new();
         for c in list {
             let Some(id) = c.id else { continue };

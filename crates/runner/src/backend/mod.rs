@@ -40,6 +40,29 @@ pub enum Backend {
     Process(ProcessBackend),
 }
 
+/// Why a backend could not be set up, or could not list its runs.
+#[derive(Debug, thiserror::Error)]
+pub enum BackendError {
+    #[error("the process backend needs agent_command (TURNPIKE_AGENT_COMMAND)")]
+    NoAgentCommand,
+    #[error("agent_command is empty; set TURNPIKE_AGENT_COMMAND to the agent's command line")]
+    EmptyAgentCommand,
+    #[error("scratch_dir {} is not a directory (TURNPIKE_SCRATCH_DIR)", .0.display())]
+    ScratchDir(std::path::PathBuf),
+    #[error("cannot connect to the Docker Engine: {0}")]
+    DockerConnect(#[source] bollard::errors::Error),
+    #[error(
+        "cannot talk to the Docker Engine (is it running, and may this user use its socket?): {0}"
+    )]
+    DockerUnreachable(#[source] bollard::errors::Error),
+    #[error("the Docker Engine failed to {what}: {source}")]
+    Docker {
+        what: &'static str,
+        #[source]
+        source: bollard::errors::Error,
+    },
+}
+
 impl Backend {
     pub fn name(&self) -> &'static str {
         match self {
@@ -63,7 +86,7 @@ impl Backend {
     }
 
     /// Remove runs left by an earlier life of this runner; the attempts they belonged to.
-    pub async fn reap_orphans(&self) -> Result<Vec<Orphan>, String> {
+    pub async fn reap_orphans(&self) -> Result<Vec<Orphan>, BackendError> {
         match self {
             Backend::Docker(d) => d.reap_orphans().await,
             // A child process dies with its runner (kill_on_drop, own process group).

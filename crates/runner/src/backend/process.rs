@@ -5,7 +5,7 @@
 //! bounded by the runner's stop request, and the whole process group is killed at the end so no
 //! grandchild outlives its attempt.
 
-use super::{Output, RunSpec};
+use super::{BackendError, Output, RunSpec};
 use crate::classify::{RawExit, StopReason};
 use crate::scratch::AttemptDir;
 use bytes::Bytes;
@@ -30,20 +30,14 @@ impl ProcessBackend {
     /// `command` is split on white space: program, then arguments. `scratch` is where each
     /// attempt's fresh working directory is made (`scratch_dir`), checked here so that a typo
     /// fails the runner at start rather than every attempt.
-    pub fn new(command: &str, scratch: Option<PathBuf>) -> Result<Self, String> {
+    pub fn new(command: &str, scratch: Option<PathBuf>) -> Result<Self, BackendError> {
         let argv: Vec<String> = command.split_whitespace().map(str::to_owned).collect();
         if argv.is_empty() {
-            return Err(
-                "agent_command is empty; set TURNPIKE_AGENT_COMMAND to the agent's command line"
-                    .into(),
-            );
+            return Err(BackendError::EmptyAgentCommand);
         }
         if let Some(dir) = &scratch {
             if !dir.is_dir() {
-                return Err(format!(
-                    "scratch_dir {} is not a directory (TURNPIKE_SCRATCH_DIR)",
-                    dir.display()
-                ));
+                return Err(BackendError::ScratchDir(dir.clone()));
             }
         }
         Ok(ProcessBackend { argv, scratch })
@@ -312,7 +306,8 @@ mod tests {
         for bad in [file.path().to_path_buf(), file.path().join("missing")] {
             let err = ProcessBackend::new("agent", Some(bad.clone()))
                 .err()
-                .expect("refused");
+                .expect("refused")
+                .to_string();
             assert!(err.contains("scratch_dir"), "{err}");
             assert!(err.contains(&bad.display().to_string()), "{err}");
         }

@@ -47,7 +47,7 @@ async fn page(base: &str, cookie: &str, path: &str) -> Result<()> {
 
 pub async fn page_time(out: &mut String, stored: usize) -> Result<()> {
     let stack = Stack::start(1, |c| c.runner_slots = 4).await?;
-    crate::extra::fill_finished_turns(&stack.bus, stored).await?;
+    crate::scale::fill_finished_turns(&stack.bus, stored).await?;
     for i in 0..CHATS {
         let chat = ChatId::new(format!("c-{i}"))?;
         let rec = ChatRecord {

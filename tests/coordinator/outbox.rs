@@ -1,0 +1,327 @@
+//! The outbox and the sweep: lost schedules found again, outboxes replayed after a crash, ended
+//! turns unlisted only once cleared; counters; events from a runner without the claim.
+
+use super::*;
+
+#[tokio::test]
+async fn a_pending_retry_whose_schedule_was_lost_is_scheduled_again_by_the_sweep() {
+    let p = Pipeline::start(AGENT, |c| c.retry_delay = Duration::from_secs(3)).await;
+    let turn = send(&p.bus, "c8", "m1", "die-until:2").await;
+    wait_state(&p.bus, &turn, TurnState::PendingRetry).await;
+    // Lose the schedule, as if the effect had never been carried out.
+    p.bus
+        .js
+        .get_stream(subjects::STREAM_WORK)
+        .await
+        .expect("work stream")
+        .purge()
+        .filter(subjects::work_schedule(&turn, 2))
+        .await
+        .expect("purge the schedule");
+    let record = wait_ended(&p.bus, &turn, T).await;
+    assert_eq!(record.state, TurnState::Done);
+    assert_eq!(record.attempts.len(), 2);
+    let replies = visible_items(&p.bus, "c8")
+        .await
+        .into_iter()
+        .filter(|i| i.kind == OutboundKind::Message)
+        .count();
+    assert_eq!(replies, 1);
+    p.stop().await;
+}
+
+#[tokio::test]
+async fn replaying_an_outbox_after_a_crash_sends_one_notice_and_one_attempt() {
+    use turnpike_core::lifecycle::{Effect, Event};
+    let server = NatsServer::start();
+    let config = test_config(&server, AGENT);
+    let bus = Bus::connect(&config, "test").await.expect("bus");
+    let (mut record, effects) = new_turn("c9", true);
+    record.outbox = effects;
+    let turn = record.turn.clone();
+    let (created, _) = turnpike_store::turns::create(&bus, record)
+        .await
+        .expect("create");
+    // Attempt 1 dispatched twice (a crash before the outbox was cleared, then a replay).
+    for e in created.record.outbox.clone() {
+        turnpike_store::turns::execute(&bus, &created.record, &e)
+            .await
+            .expect("effect");
+    }
+    turnpike_store::turns::run_outbox(&bus, created)
+        .await
+        .expect("outbox");
+    let work = bus
+        .js
+        .get_stream(subjects::STREAM_WORK)
+        .await
+        .expect("work")
+        .info()
+        .await
+        .expect("info")
+        .state
+        .messages;
+    assert_eq!(work, 1, "one work item for attempt 1");
+    // The attempt dies: give-up effects, carried out twice.
+    let exit = Event::Exited {
+        attempt: 1,
+        report: turnpike_core::wire::ExitReport {
+            class: ExitClass::Crashed,
+            exit_code: Some(1),
+            signal: None,
+            error: None,
+            messages_landed: 0,
+            replies: vec![],
+            ended_at: turnpike_jetstream::now(),
+            started: None,
+        },
+    };
+    let applied = turnpike_store::turns::apply_event(&bus, &turn, &exit)
+        .await
+        .expect("apply");
+    let current = applied.current().clone();
+    assert!(current
+        .record
+        .outbox
+        .iter()
+        .any(|e| matches!(e, Effect::Notify { .. })));
+    for e in current.record.outbox.clone() {
+        turnpike_store::turns::execute(&bus, &current.record, &e)
+            .await
+            .expect("effect");
+    }
+    turnpike_store::turns::run_outbox(&bus, current)
+        .await
+        .expect("outbox");
+    let notices: Vec<_> = visible_items(&bus, "c9")
+        .await
+        .into_iter()
+        .filter(|i| i.kind == OutboundKind::Notice)
+        .collect();
+    assert_eq!(notices.len(), 1, "{notices:?}");
+    assert_eq!(notices[0].text, texts::give_up_notice(1));
+}
+
+#[tokio::test]
+async fn counters_are_served_to_operators() {
+    let p = Pipeline::start(AGENT, |c| c.max_turn_retry = 2).await;
+    let a = send(&p.bus, "c10", "m1", "reply:hi").await;
+    let b = send(&p.bus, "c11", "m2", "die-until:99").await;
+    let c = send(&p.bus, "c12", "m3", "silent").await;
+    for t in [&a, &b, &c] {
+        wait_ended(&p.bus, t, T).await;
+    }
+    let reply = p
+        .bus
+        .client
+        .request(subjects::OPS_STATS, bytes::Bytes::new())
+        .await
+        .expect("stats answered");
+    let stats: turnpike_core::wire::OpsStats =
+        serde_json::from_slice(&reply.payload).expect("stats JSON");
+    let s = stats.counters;
+    assert_eq!(
+        (s.turns_done, s.turns_gave_up, s.silent_turns),
+        (2, 1, 1),
+        "{s:?}"
+    );
+    assert_eq!(s.retries_scheduled, 1);
+    // All of it happened within the last hour.
+    let h = s.last_hour;
+    assert_eq!(
+        (
+            h.turns_done,
+            h.turns_gave_up,
+            h.silent_turns,
+            h.retries_scheduled
+        ),
+        (2, 1, 1, 1),
+        "{h:?}"
+    );
+    assert!(stats.live.is_empty(), "{:?}", stats.live);
+    // The standard service API shows the same counters.
+    let reply = p
+        .bus
+        .client
+        .request("$SRV.STATS.turnpike-coordinator", bytes::Bytes::new())
+        .await
+        .expect("$SRV.STATS answered");
+    let v: serde_json::Value = serde_json::from_slice(&reply.payload).expect("JSON");
+    assert_eq!(v["endpoints"][0]["data"]["turns_gave_up"], 1, "{v}");
+    p.stop().await;
+}
+
+/// Issue 16, security: an event is believed only from the runner that holds the attempt's claim.
+/// A forged exit report from another runner id used to end a running turn; it is dead-lettered
+/// and changes nothing.
+#[tokio::test]
+async fn an_event_from_a_runner_that_does_not_hold_the_claim_is_refused() {
+    use turnpike_core::wire::{ExitReport, RunnerEvent, RunnerEventKind};
+    let p = Pipeline::start(AGENT, |_| {}).await;
+    let turn = send(&p.bus, "forged", "m-1", "hang").await;
+    let running = wait_state(&p.bus, &turn, TurnState::Running).await;
+    let holder = running.attempts[0].runner.clone().expect("its runner");
+    let forged = RunnerEvent {
+        v: turnpike_core::FORMAT_VERSION,
+        turn: turn.clone(),
+        chat: running.chat.clone(),
+        attempt: 1,
+        runner: turnpike_core::RunnerId::new("mallory").expect("id"),
+        at: turnpike_jetstream::now(),
+        kind: RunnerEventKind::Exited {
+            report: ExitReport {
+                class: ExitClass::Clean,
+                exit_code: Some(0),
+                signal: None,
+                error: None,
+                messages_landed: 1,
+                replies: vec![],
+                ended_at: turnpike_jetstream::now(),
+                started: None,
+            },
+        },
+    };
+    assert_ne!(forged.runner, holder);
+    turnpike_jetstream::publish(
+        &p.bus.js,
+        p.bus.codec,
+        subjects::events(&turn),
+        Some("forged-exit"),
+        &forged,
+    )
+    .await
+    .expect("the events stream takes it");
+    let dead = turnpike_testkit::eventually(T, "the forged event dead-lettered", || async {
+        dead_letters(&p.bus)
+            .await
+            .into_iter()
+            .find(|(_, reason)| reason.contains("mallory"))
+    })
+    .await;
+    assert!(dead.1.contains("claim"), "{dead:?}");
+    let still = turnpike_store::turns::load(&p.bus, &turn)
+        .await
+        .expect("read")
+        .expect("turn")
+        .record;
+    assert_eq!(still.state, TurnState::Running, "{still:#?}");
+    assert!(kill_turn(&p.bus, &turn).await.ok);
+    assert_eq!(wait_ended(&p.bus, &turn, T).await.state, TurnState::Killed);
+    p.stop().await;
+}
+
+/// A new turn of `chat` (message `m1`) as the dispatcher creates it, and its effects.
+fn new_turn(
+    chat: &str,
+    admit_now: bool,
+) -> (
+    turnpike_core::TurnRecord,
+    Vec<turnpike_core::lifecycle::Effect>,
+) {
+    use turnpike_core::lifecycle::{self, NewTurn};
+    let chat = turnpike_core::ChatId::new(chat).expect("chat");
+    let message = turnpike_core::wire::InboundMessage {
+        v: 1,
+        id: "m1".into(),
+        chat: chat.clone(),
+        text: "x".into(),
+        sender: None,
+        attachments: vec![],
+    };
+    lifecycle::create(
+        NewTurn {
+            turn: TurnId::for_message(&chat, "m1"),
+            message,
+            history: vec![],
+            max_turn_retry: 1,
+            retry_delay: Duration::from_secs(1),
+            rerun_of: None,
+            created_by: None,
+            admit_now,
+        },
+        turnpike_jetstream::now(),
+    )
+}
+
+fn operator_kill() -> turnpike_core::lifecycle::Event {
+    turnpike_core::lifecycle::Event::KillRequested {
+        action: turnpike_core::wire::OperatorAction {
+            by: "op".into(),
+            at: turnpike_jetstream::now(),
+        },
+    }
+}
+
+/// Found by the model checker: a turn killed before it joined its chat, then joined by a
+/// dispatcher that died before admitting it. The replay of its message found the turn ended
+/// and only counted the message taken: the ended turn stayed the chat's live one, and the
+/// chat never moved again.
+#[tokio::test]
+async fn a_turn_killed_before_it_joined_does_not_hold_its_chat_after_a_replay() {
+    let server = NatsServer::start();
+    let config = test_config(&server, AGENT);
+    let bus = Bus::connect(&config, "test").await.expect("bus");
+    let (record, _) = new_turn("c10", false);
+    let chat = record.chat.clone();
+    let turn = record.turn.clone();
+    // The dispatcher creates the turn...
+    turnpike_store::turns::create(&bus, record.clone())
+        .await
+        .expect("create");
+    // ...an operator kills it before it joins (its release finds nothing to release)...
+    let applied = turnpike_store::turns::apply_event(&bus, &turn, &operator_kill())
+        .await
+        .expect("kill");
+    turnpike_store::turns::run_outbox(&bus, applied.current().clone())
+        .await
+        .expect("outbox");
+    // ...the dispatcher joins it and dies before admitting it...
+    turnpike_store::chats::join(&bus, &chat, &turn, Some(1))
+        .await
+        .expect("join");
+    // ...and the message comes back.
+    turnpike_store::turns::create_in_chat(&bus, record, Some(1))
+        .await
+        .expect("replay");
+    let c: ChatRecord =
+        decode_kv(&bus.chats.get("c10").await.expect("get").expect("record")).expect("chat");
+    assert_eq!(c.live, None, "the ended turn holds its chat: {c:?}");
+    assert_eq!(c.inbound_seq, 1);
+}
+
+/// Found by the model checker: an ended turn left the live index while carrying out its
+/// `Ended` effect, before its outbox was cleared; a crash in between left an outbox that no
+/// sweep would ever see. Carrying out the effects (and crashing before the clear) must leave
+/// the turn listed, and the clear unlist it.
+#[tokio::test]
+async fn an_ended_turn_stays_listed_until_its_outbox_is_cleared() {
+    let server = NatsServer::start();
+    let config = test_config(&server, AGENT);
+    let bus = Bus::connect(&config, "test").await.expect("bus");
+    let (record, _) = new_turn("c11", false);
+    let turn = record.turn.clone();
+    turnpike_store::turns::create_in_chat(&bus, record, Some(1))
+        .await
+        .expect("create");
+    let applied = turnpike_store::turns::apply_event(&bus, &turn, &operator_kill())
+        .await
+        .expect("kill");
+    let current = applied.current().clone();
+    for e in &current.record.outbox {
+        turnpike_store::turns::execute(&bus, &current.record, e)
+            .await
+            .expect("effect");
+    }
+    let listed = || async {
+        bus.live
+            .get(turn.as_str())
+            .await
+            .expect("live get")
+            .is_some_and(|v| !v.is_empty())
+    };
+    assert!(listed().await, "unlisted with its outbox not cleared");
+    turnpike_store::turns::run_outbox(&bus, current)
+        .await
+        .expect("outbox");
+    assert!(!listed().await, "still listed once ended and cleared");
+}

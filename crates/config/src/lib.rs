@@ -46,12 +46,8 @@ impl fmt::Display for Backend {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum PayloadCodec {
-    Json,
-    Msgpack,
-}
+/// The payload codec: core's, so config and the wire can never disagree on the names.
+pub use turnpike_core::codec::Codec as PayloadCodec;
 
 /// Every setting, with its default. Each field's doc comment is its documentation
 /// (`docs/configuration.md` is generated from them), so every field has one.
@@ -454,17 +450,10 @@ impl Config {
                 "must be longer than zero",
             ));
         }
+        // The same rule as every runner id on the wire (core's), length included.
         if let Some(id) = &self.runner_id {
-            if id.is_empty()
-                || !id
-                    .chars()
-                    .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
-            {
-                return Err(invalid(
-                    "runner_id",
-                    id.clone(),
-                    "only A-Z, a-z, 0-9, '_' and '-' are allowed",
-                ));
+            if let Err(e) = turnpike_core::RunnerId::new(id.as_str()) {
+                return Err(invalid("runner_id", id.clone(), &e.to_string()));
             }
         }
         Ok(self)
@@ -480,9 +469,9 @@ impl Config {
             .collect()
     }
 
-    /// `max(max_turn_retry, 1)`.
+    /// Attempts a turn gets with this `max_turn_retry` (core's rule: 0 and 1 both mean one).
     pub fn attempt_limit(&self) -> u32 {
-        self.max_turn_retry.max(1)
+        turnpike_core::lifecycle::attempt_limit(self.max_turn_retry)
     }
 }
 

@@ -223,3 +223,39 @@ fn unsafe_container_settings_and_unfitting_limits_are_refused() {
     .validate()
     .is_ok());
 }
+
+/// Config applies core's rules, not copies of them: a runner id the wire would refuse (too long,
+/// or a bad character) is refused at start, naming the key; the codec names are core's; the
+/// attempt limit is core's (0 and 1 both mean one attempt).
+#[test]
+fn runner_id_codec_and_attempt_limit_follow_core() {
+    for bad in ["has space", "dots.in.it", &"r".repeat(200)] {
+        let c = Config {
+            runner_id: Some(bad.to_owned()),
+            ..Config::default()
+        };
+        let err = c.validate().expect_err("refused").to_string();
+        assert!(err.contains("runner_id"), "{err}");
+    }
+    let ok = Config {
+        runner_id: Some("runner-1".into()),
+        ..Config::default()
+    };
+    assert!(ok.validate().is_ok());
+    for (n, limit) in [(0, 1), (1, 1), (3, 3)] {
+        let c = Config {
+            max_turn_retry: n,
+            ..Config::default()
+        };
+        assert_eq!(c.attempt_limit(), limit);
+        assert_eq!(turnpike_core::lifecycle::attempt_limit(n), limit);
+    }
+    Jail::expect_with(|jail| {
+        jail.set_env("TURNPIKE_CODEC", "msgpack");
+        let c = Config::figment(Path::new("turnpike.toml"))
+            .extract_config()
+            .expect("valid");
+        assert_eq!(c.codec, turnpike_core::codec::Codec::Msgpack);
+        Ok(())
+    });
+}

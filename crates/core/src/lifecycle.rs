@@ -134,9 +134,15 @@ pub struct NewTurn {
     pub admit_now: bool,
 }
 
+/// Attempts a turn gets, the first included, under `MAX_TURN_RETRY`: 0 and 1 both mean one
+/// attempt (retries off).
+pub fn attempt_limit(max_turn_retry: u32) -> u32 {
+    max_turn_retry.max(1)
+}
+
 /// A new turn record, and attempt 1 to dispatch if it may start now.
 pub fn create(new: NewTurn, now: Timestamp) -> (TurnRecord, Vec<Effect>) {
-    let max_attempts = new.max_turn_retry.max(1);
+    let max_attempts = attempt_limit(new.max_turn_retry);
     let mut record = TurnRecord {
         v: FORMAT_VERSION,
         turn: new.turn,

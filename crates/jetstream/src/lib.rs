@@ -93,10 +93,7 @@ impl Bus {
             }
         };
         Ok(Bus {
-            codec: match config.codec {
-                turnpike_config::PayloadCodec::Json => Codec::Json,
-                turnpike_config::PayloadCodec::Msgpack => Codec::Msgpack,
-            },
+            codec: config.codec,
             turns: kv(subjects::BUCKET_TURNS).await?,
             chats: kv(subjects::BUCKET_CHATS).await?,
             claims: kv(subjects::BUCKET_CLAIMS).await?,

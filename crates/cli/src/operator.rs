@@ -187,7 +187,7 @@ fn show(r: &TurnRecord) {
     println!("created   {}", r.created_at);
     println!("message   {}", r.message.text);
     if let Some(o) = &r.outcome {
-        println!("outcome   {:?} at {}", o.reason, o.at);
+        println!("outcome   {} at {}", o.reason, o.at);
     }
     if let Some(n) = &r.notice {
         println!("notice    {}", n.text);

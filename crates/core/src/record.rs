@@ -100,6 +100,27 @@ pub enum OutcomeReason {
     OperatorKilled,
 }
 
+impl OutcomeReason {
+    /// The reason as the wire (and `nats kv get`) spells it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OutcomeReason::Replied => "replied",
+            OutcomeReason::SilentTurn => "silent_turn",
+            OutcomeReason::AgentFailed => "agent_failed",
+            OutcomeReason::CouldNotStart => "could_not_start",
+            OutcomeReason::DiedAfterReply => "died_after_reply",
+            OutcomeReason::BudgetSpent => "budget_spent",
+            OutcomeReason::OperatorKilled => "operator_killed",
+        }
+    }
+}
+
+impl std::fmt::Display for OutcomeReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Outcome {
     pub reason: OutcomeReason,

@@ -341,7 +341,7 @@ pub fn turn(ctx: &Ctx, r: &TurnRecord, reruns: &[TurnRecord], flash_: Markup) ->
             dt { "created" } dd { (time(r.created_at, ctx.now)) @if let Some(b) = &r.created_by { " by " (b.by) } }
             dt { "attempts" } dd { (r.attempt) " of " (r.max_attempts) " (MAX_TURN_RETRY=" (r.max_turn_retry) ")" }
             @if let Some(due) = r.next_attempt_due { dt { "next attempt" } dd { span.countdown data-due=(due.millis()) title=(due.to_string()) { (relative(due, ctx.now)) } } }
-            @if let Some(o) = &r.outcome { dt { "outcome" } dd { (format!("{:?}", o.reason)) " " (time(o.at, ctx.now)) } }
+            @if let Some(o) = &r.outcome { dt { "outcome" } dd { (o.reason.as_str()) " " (time(o.at, ctx.now)) } }
             @if let Some(k) = &r.kill { dt { "killed by" } dd { (k.by) " " (time(k.at, ctx.now)) } }
             @if let Some(n) = &r.notice { dt { "notice" } dd.notice { (n.text) } }
             @if let Some(of) = &r.rerun_of { dt { "re-run of" } dd { (turn_link(of)) } }

@@ -261,3 +261,22 @@ fn a_kill_request_targets_its_attempt_and_an_unreadable_one_every_attempt() {
     assert!(KillRequest::targets(b"", 3));
     assert!(KillRequest::targets(b"{garbage", 3));
 }
+
+#[test]
+fn outcome_reasons_display_as_serde_spells_them() {
+    use crate::record::OutcomeReason::*;
+    for r in [
+        Replied,
+        SilentTurn,
+        AgentFailed,
+        CouldNotStart,
+        DiedAfterReply,
+        BudgetSpent,
+        OperatorKilled,
+    ] {
+        assert_eq!(
+            serde_json::to_value(r).expect("json"),
+            serde_json::json!(r.to_string())
+        );
+    }
+}

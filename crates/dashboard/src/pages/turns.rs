@@ -1,0 +1,105 @@
+//! Live turns (with kill) and one turn's page: its attempts, notice, kill and re-runs.
+
+use super::*;
+
+fn current(r: &TurnRecord) -> Option<&AttemptRecord> {
+    r.attempts.iter().rev().find(|a| a.n == r.attempt)
+}
+
+pub fn live(
+    ctx: &Ctx,
+    turns: &Paged<TurnRecord>,
+    base: &str,
+    filter: &Filter,
+    flash_: Markup,
+) -> Page {
+    let body = html! {
+        h1 { "Live turns" }
+        (flash_)
+        (filter_form(filter, "/live"))
+        @if turns.items.is_empty() { p.empty { "No turn is live." } }
+        @else {
+            table #live {
+                thead { tr { th { "turn" } th { "chat" } th { "state" } th { "attempt" } th { "runner" } th { "running for" } th { "next attempt" } th {} } }
+                tbody {
+                    @for r in &turns.items {
+                        @let a = current(r);
+                        tr data-turn=(r.turn.as_str()) data-state=(r.state.as_str()) {
+                            td { (turn_link(&r.turn)) }
+                            td { (chat_link(&r.chat)) }
+                            td { (state(r.state)) }
+                            td { (r.attempt) " of " (r.max_attempts) }
+                            td.mono { @if let Some(x) = a.and_then(|a| a.runner.as_ref()) { (x.as_str()) } @else { "—" } }
+                            td { @if let Some(s) = a.and_then(|a| a.started_at) { (duration(ctx.now.millis().saturating_sub(s.millis()))) } @else { "—" } }
+                            td { @if let Some(due) = r.next_attempt_due { span.countdown data-due=(due.millis()) title=(due.to_string()) { (relative(due, ctx.now)) } } @else { "—" } }
+                            td { (action(ctx, &format!("/turns/{}/kill", r.turn), "Kill", &format!("Kill turn {} of chat {}?", r.turn, r.chat))) }
+                        }
+                    }
+                }
+            }
+            (pager(turns, base))
+        }
+    };
+    Page {
+        title: "Live turns".into(),
+        watch: "turns live",
+        body,
+    }
+}
+
+pub fn turn(ctx: &Ctx, r: &TurnRecord, reruns: &[TurnRecord], flash_: Markup) -> Page {
+    let body = html! {
+        h1 { "Turn " span.mono { (r.turn.as_str()) } " " (state(r.state)) }
+        (flash_)
+        dl.facts {
+            dt { "chat" } dd { (chat_link(&r.chat)) }
+            dt { "created" } dd { (time(r.created_at, ctx.now)) @if let Some(b) = &r.created_by { " by " (b.by) } }
+            dt { "attempts" } dd { (r.attempt) " of " (r.max_attempts) " (MAX_TURN_RETRY=" (r.max_turn_retry) ")" }
+            @if let Some(due) = r.next_attempt_due { dt { "next attempt" } dd { span.countdown data-due=(due.millis()) title=(due.to_string()) { (relative(due, ctx.now)) } } }
+            @if let Some(o) = &r.outcome { dt { "outcome" } dd { (o.reason.as_str()) " " (time(o.at, ctx.now)) } }
+            @if let Some(k) = &r.kill { dt { "killed by" } dd { (k.by) " " (time(k.at, ctx.now)) } }
+            @if let Some(n) = &r.notice { dt { "notice" } dd.notice { (n.text) } }
+            @if let Some(of) = &r.rerun_of { dt { "re-run of" } dd { (turn_link(of)) } }
+            @if !reruns.is_empty() { dt { "re-runs" } dd { @for x in reruns { (turn_link(&x.turn)) " " (state(x.state)) " " } } }
+        }
+        div.actions {
+            @if r.state.is_terminal() {
+                (action(ctx, &format!("/turns/{}/rerun", r.turn), "Re-run", &format!("Run turn {} again as a new turn?", r.turn)))
+            } @else {
+                (action(ctx, &format!("/turns/{}/kill", r.turn), "Kill", &format!("Kill turn {} of chat {}?", r.turn, r.chat)))
+            }
+        }
+        h2 { "Message" }
+        pre.message #message { (r.message.text) }
+        @if !r.message.attachments.is_empty() {
+            ul { @for a in &r.message.attachments { li { (a.name) " (" span.mono { (a.object) } ")" } } }
+        }
+        h2 { "Attempts" }
+        ol.timeline {
+            @for a in &r.attempts {
+                li {
+                    strong { "attempt " (a.n) }
+                    @if let Some(t) = a.due_at { " · due " (time(t, ctx.now)) }
+                    @if let Some(t) = a.published_at { " · published " (time(t, ctx.now)) }
+                    @if let Some(t) = a.started_at { " · started " (time(t, ctx.now)) }
+                    @if let Some(x) = &a.runner { " on " span.mono { (x.as_str()) } }
+                    @if let Some(e) = &a.exit {
+                        " · ended " (time(e.ended_at, ctx.now)) " · "
+                        span class=(format!("exit exit-{}", e.class)) { (e.class.as_str()) }
+                        @if let Some(c) = e.exit_code { " code " (c) }
+                        @if let Some(s) = e.signal { " signal " (s) }
+                        @if let (Some(s), Some(st)) = (a.started_at, Some(e.ended_at)) { " · ran " (duration(st.millis().saturating_sub(s.millis()))) }
+                        @if let Some(err) = &e.error { div.small { (err) } }
+                    }
+                    " · " (a.messages_landed) " message(s) landed"
+                    @if let Some(p) = &a.preamble { details { summary { "preamble" } pre { (p) } } }
+                }
+            }
+        }
+    };
+    Page {
+        title: format!("Turn {}", r.turn),
+        watch: "turns",
+        body,
+    }
+}

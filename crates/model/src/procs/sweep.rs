@@ -1,0 +1,125 @@
+//! The coordinator's recovery sweep, step by step: leftovers, lost attempts, lost schedules.
+
+use super::*;
+
+pub(super) fn sweep_step(
+    m: &Protocol,
+    w: &mut World,
+    p: ProcIx,
+    t: Turn,
+    phase: SweepPhase,
+    choice: bool,
+) {
+    let set = |w: &mut World, phase| {
+        w.procs[p].job = Some(Job::Sweep { turn: t, phase });
+    };
+    let done = |w: &mut World| w.procs[p].job = None;
+    match phase {
+        SweepPhase::Read => match w.record(t).cloned() {
+            // `choice`: the record was last written more than a heartbeat ago.
+            Some(snapshot) => set(
+                w,
+                SweepPhase::Plan {
+                    snapshot,
+                    stale: choice,
+                },
+            ),
+            None => done(w),
+        },
+        SweepPhase::Plan { snapshot, stale } => {
+            let (leftovers, _) = recovery::plan(&snapshot, stale);
+            if leftovers {
+                w.procs[p].stack.push(outbox(t, snapshot.clone()));
+            }
+            set(w, SweepPhase::Judge { snapshot });
+        }
+        SweepPhase::Judge { snapshot } => match recovery::plan(&snapshot, false).1 {
+            Plan::Nothing => done(w),
+            Plan::Finish => {
+                w.procs[p].stack.push(outbox(t, snapshot));
+                set(w, SweepPhase::Unlist);
+            }
+            Plan::CheckAttempt { attempt } => judge_attempt(m, w, p, t, attempt),
+            Plan::CheckRetry { attempt } => {
+                let key = (t, attempt);
+                let claimed = w.claims.contains_key(&key);
+                if claimed && m.bugs.trust_any_retry_claim {
+                    return done(w);
+                }
+                let scheduled = w.schedules.contains(&key);
+                let queued = w.work.iter().any(|m| (m.turn, m.attempt) == key);
+                match recovery::judge_retry(claimed, scheduled, queued) {
+                    recovery::Retry::CheckAttempt => judge_attempt(m, w, p, t, attempt),
+                    recovery::Retry::OnItsWay => done(w),
+                    recovery::Retry::Reschedule => {
+                        w.schedules.insert(key);
+                        done(w);
+                    }
+                }
+            }
+        },
+        SweepPhase::Lose { attempt, counted } => match runner::lose(m, w, t, attempt) {
+            Some(runner_seq) => set(
+                w,
+                SweepPhase::Report {
+                    attempt,
+                    runner_seq,
+                    counted,
+                },
+            ),
+            // A later attempt holds the fence: the record was stale.
+            None => done(w),
+        },
+        SweepPhase::Report {
+            attempt,
+            runner_seq,
+            counted,
+        } => {
+            let landed = counted.unwrap_or_else(|| runner::count(w, t, attempt, runner_seq));
+            let event = Event::Exited {
+                attempt,
+                report: report(ExitClass::RunnerLost, landed),
+            };
+            if let Some((current, _)) = apply(w, t, &event) {
+                w.procs[p].stack.push(outbox(t, current));
+            }
+            done(w);
+        }
+        SweepPhase::Unlist => {
+            w.live.remove(&t);
+            done(w);
+        }
+    }
+}
+
+/// Is the current attempt alive? Claim, then lease, then whether its exit was reported.
+pub(super) fn judge_attempt(m: &Protocol, w: &mut World, p: ProcIx, t: Turn, attempt: Attempt) {
+    let key = (t, attempt);
+    let claim = match w.claims.get(&key) {
+        None => recovery::Claim::None,
+        Some(Claim::Cancelled) => recovery::Claim::Cancelled,
+        Some(Claim::Runner(_)) => recovery::Claim::Runner,
+    };
+    let lease = if w.leases.contains_key(&key) {
+        recovery::Lease::Live
+    } else {
+        recovery::Lease::Lapsed
+    };
+    let reported = lease == recovery::Lease::Lapsed
+        && w.events
+            .iter()
+            .any(|e| (e.turn, e.attempt) == key && matches!(e.kind, EventKind::Exited { .. }));
+    w.procs[p].job = match recovery::judge_attempt(claim, lease, reported) {
+        recovery::Attempt::Lost => Some(Job::Sweep {
+            turn: t,
+            phase: SweepPhase::Lose {
+                attempt,
+                counted: m
+                    .bugs
+                    .count_before_fence
+                    .then(|| w.messages_of(t, Some(attempt))),
+            },
+        }),
+        _ => None,
+    };
+}

@@ -1,6 +1,6 @@
 //! The coordinators, the sweep, the ops service and the dispatcher: each takes one job at a time
-//! and carries out outboxes step by step (store/src/turns.rs `apply_event_at`, `run_outbox`,
-//! `execute`, `admit`, `create_in_chat`; coordinator/src/sweep.rs; coordinator/src/ops.rs).
+//! and carries out outboxes step by step (store/src/turns.rs `apply_event_at`, `create_in_chat`;
+//! store/src/outbox.rs `run_outbox`, `execute`, `admit`; coordinator/src/sweep.rs and ops.rs).
 
 use crate::runner;
 use crate::world::*;

@@ -1,15 +1,15 @@
-//! Turn records in the `turnpike_turns` bucket: read, create, apply an event with compare-and-set,
-//! and carry out the effects the lifecycle decided (the record's outbox). Shared by the dispatcher
-//! (which creates turns) and the coordinator (which applies runner events).
+//! Turn records in the `turnpike_turns` bucket: read, create, apply an event with compare-and-set
+//! (the effects it adds go to the record's outbox, which [`crate::outbox`] carries out). Shared by
+//! the dispatcher (which creates turns) and the coordinator (which applies runner events).
 
 use async_nats::jetstream::kv::{CreateErrorKind, UpdateErrorKind};
 use bytes::Bytes;
-use tracing::{debug, warn};
+use tracing::debug;
 use turnpike_core::lifecycle::{self, Effect, Event, Step, TransitionError, Unchanged};
-use turnpike_core::subjects::{self, msg_id};
-use turnpike_core::wire::{ClaimHolder, ClaimRecord, KillRequest, OutboundItem, OutboundKind};
-use turnpike_core::{TurnId, TurnRecord, FORMAT_VERSION};
-use turnpike_jetstream::{decode_kv, now, Bus, BusError, Publish};
+use turnpike_core::{TurnId, TurnRecord};
+use turnpike_jetstream::{decode_kv, now, Bus, BusError};
+
+pub use crate::outbox::{admit, execute, run_outbox, unlist_live};
 
 /// A record and the KV revision it was read at.
 #[derive(Debug, Clone)]
@@ -67,7 +67,7 @@ impl Applied {
     }
 }
 
-const CAS_ATTEMPTS: usize = 50;
+pub(crate) const CAS_ATTEMPTS: usize = 50;
 
 pub async fn load(bus: &Bus, turn: &TurnId) -> Result<Option<Versioned>, ApplyError> {
     let entry = bus
@@ -90,7 +90,7 @@ pub async fn load(bus: &Bus, turn: &TurnId) -> Result<Option<Versioned>, ApplyEr
     }))
 }
 
-fn encode(bus: &Bus, record: &TurnRecord) -> Result<Bytes, BusError> {
+pub(crate) fn encode(bus: &Bus, record: &TurnRecord) -> Result<Bytes, BusError> {
     Ok(Bytes::from(bus.codec.encode(record)?))
 }
 
@@ -199,326 +199,4 @@ pub async fn apply_event_at(
         format!("still conflicting after {CAS_ATTEMPTS} tries"),
     )
     .into())
-}
-
-/// Carry out every effect in the record's outbox, then remove those from the stored outbox
-/// (compare-and-set; effects added meanwhile by another writer stay for it to run).
-///
-/// Ending a turn releases its chat; the chat's next turn is admitted and its outbox carried out
-/// before this outbox is cleared, so a crash in between leaves this turn's `Ended` to be carried
-/// out again (by the sweep), which releases the next turn again: never a chat left waiting. The
-/// chain of turns is walked in a loop ([`admit_chain`]), not by recursing from an effect.
-pub async fn run_outbox(bus: &Bus, current: Versioned) -> Result<Versioned, ApplyError> {
-    if current.record.outbox.is_empty() {
-        return Ok(current);
-    }
-    let done = current.record.outbox.clone();
-    let mut next = Vec::new();
-    for effect in &done {
-        next.extend(execute_own(bus, &current.record, effect).await?);
-    }
-    admit_chain(bus, next).await?;
-    clear_outbox(bus, current, &done).await
-}
-
-/// The chat's next turn, released by a turn's end, to be admitted with the chat's history.
-#[derive(Debug)]
-struct NextTurn {
-    turn: TurnId,
-    history: Vec<turnpike_core::wire::HistoryEntry>,
-}
-
-/// Remove `done` from the stored outbox of `current`'s turn; unlist the turn if it ended.
-async fn clear_outbox(
-    bus: &Bus,
-    mut current: Versioned,
-    done: &[Effect],
-) -> Result<Versioned, ApplyError> {
-    if done.is_empty() {
-        return Ok(current);
-    }
-    for _ in 0..CAS_ATTEMPTS {
-        let mut record = current.record.clone();
-        record.outbox.retain(|e| !done.contains(e));
-        match bus
-            .turns
-            .update(
-                record.turn.as_str(),
-                encode(bus, &record)?,
-                current.revision,
-            )
-            .await
-        {
-            Ok(revision) => {
-                // Unlisted only once its outbox is cleared: a crash in between leaves it listed,
-                // and the sweep finishes it (model: a crash after the unlisting left an outbox
-                // nobody would ever clear).
-                if done.iter().any(|e| matches!(e, Effect::Ended { .. })) {
-                    unlist_live(bus, &record.turn).await?;
-                }
-                return Ok(Versioned { record, revision });
-            }
-            Err(e)
-                if e.kind() == UpdateErrorKind::WrongLastRevision
-                    || turnpike_jetstream::lost_cas(&e) =>
-            {
-                current = load(bus, &record.turn)
-                    .await?
-                    .ok_or_else(|| ApplyError::UnknownTurn(record.turn.clone()))?;
-                if !current.record.outbox.iter().any(|e| done.contains(e)) {
-                    return Ok(current);
-                }
-            }
-            Err(e) => {
-                return Err(BusError::kv(format!("clear outbox of {}", record.turn), e).into())
-            }
-        }
-    }
-    Err(BusError::kv(
-        format!("clear outbox of {}", current.record.turn),
-        format!("still conflicting after {CAS_ATTEMPTS} tries"),
-    )
-    .into())
-}
-
-/// Let a waiting turn start, with the chat's history as it is now, and carry out its outbox
-/// (and, if it ends at once, the same for the chat's turns after it). Idempotent: an admitted
-/// turn ignores it.
-pub async fn admit(
-    bus: &Bus,
-    turn: &TurnId,
-    history: Vec<turnpike_core::wire::HistoryEntry>,
-) -> Result<(), BusError> {
-    admit_chain(
-        bus,
-        vec![NextTurn {
-            turn: turn.clone(),
-            history,
-        }],
-    )
-    .await
-}
-
-/// Admit each released turn and carry out its outbox; a turn that ends on the way releases the
-/// next, which joins the work list. The outboxes are cleared afterwards, the last turn's first
-/// (as [`run_outbox`] explains). A failure of one turn's own (not the bus) is logged: it must not
-/// stop the chat's order for the others.
-async fn admit_chain(bus: &Bus, mut work: Vec<NextTurn>) -> Result<(), BusError> {
-    let mut started = Vec::new();
-    while let Some(NextTurn { turn, history }) = work.pop() {
-        let Some((turn, admitted)) = admit_one(bus, turn, history).await? else {
-            continue;
-        };
-        let done = admitted.record.outbox.clone();
-        for effect in &done {
-            work.extend(execute_own(bus, &admitted.record, effect).await?);
-        }
-        started.push((turn, admitted, done));
-    }
-    while let Some((turn, admitted, done)) = started.pop() {
-        match clear_outbox(bus, admitted, &done).await {
-            Ok(_) => {}
-            Err(ApplyError::Bus(e)) => return Err(e),
-            Err(e) => warn!(turn_id = %turn, error = %e, "could not start the chat's next turn"),
-        }
-    }
-    Ok(())
-}
-
-/// Apply `Admitted` to the chat's next turn; if that turn had already ended, release it and
-/// try the one after. Returns the turn admitted, whose outbox is to be carried out.
-async fn admit_one(
-    bus: &Bus,
-    mut turn: TurnId,
-    mut history: Vec<turnpike_core::wire::HistoryEntry>,
-) -> Result<Option<(TurnId, Versioned)>, BusError> {
-    loop {
-        let applied = match apply_event(bus, &turn, &Event::Admitted { history }).await {
-            Ok(a) => a,
-            Err(ApplyError::Bus(e)) => return Err(e),
-            Err(e) => {
-                warn!(turn_id = %turn, error = %e, "could not admit the chat's next turn");
-                return Ok(None);
-            }
-        };
-        let Applied::Unchanged(Unchanged::AlreadyEnded { .. }, current) = &applied else {
-            return Ok(Some((turn, applied.current().clone())));
-        };
-        // Ended before it could start (killed between its creation and its joining the chat):
-        // it must not hold its chat. Let it go, and admit the chat's next turn instead.
-        debug!(turn_id = %turn, "the chat's next turn had already ended; releasing it");
-        match crate::chats::release(bus, &current.record, bus.history).await? {
-            Some((next, h)) if next != turn => {
-                turn = next;
-                history = h;
-            }
-            _ => return Ok(None),
-        }
-    }
-}
-
-fn killed_by(record: &TurnRecord) -> &str {
-    record.kill.as_ref().map_or("operator", |k| k.by.as_str())
-}
-
-async fn send_kill(bus: &Bus, record: &TurnRecord, attempt: u32) -> Result<(), BusError> {
-    let turn = &record.turn;
-    let kill = KillRequest {
-        v: FORMAT_VERSION,
-        turn: turn.clone(),
-        attempt,
-        by: killed_by(record).to_owned(),
-    };
-    bus.client
-        .publish(subjects::kill(turn), Bytes::from(kill.to_json()))
-        .await
-        .map_err(|e| BusError::publish(subjects::kill(turn), e))
-}
-
-/// Carry out one effect. Idempotent: dedup ids, one schedule subject per attempt, CAS writes.
-/// Carry out one effect of `record` (and, if it ends the turn, start the chat's next turn).
-pub async fn execute(bus: &Bus, record: &TurnRecord, effect: &Effect) -> Result<(), BusError> {
-    let next = execute_own(bus, record, effect).await?;
-    admit_chain(bus, next.into_iter().collect()).await
-}
-
-/// Carry out one effect of `record`; returns the chat's next turn if ending this one released it.
-async fn execute_own(
-    bus: &Bus,
-    record: &TurnRecord,
-    effect: &Effect,
-) -> Result<Option<NextTurn>, BusError> {
-    let turn = &record.turn;
-    match effect {
-        Effect::DispatchAttempt {
-            attempt,
-            not_before,
-        } => {
-            let work = record.work_item(*attempt);
-            let run_subject = subjects::work_run(turn);
-            let publish = match not_before {
-                // A scheduled message loses its Nats-Msg-Id when it fires; the per-attempt
-                // claim stops a second run instead.
-                Some(at) => {
-                    Publish::new(bus.codec, subjects::work_schedule(turn, *attempt), &work)?
-                        .schedule_at(*at, &run_subject)
-                }
-                None => Publish::new(bus.codec, run_subject, &work)?
-                    .msg_id(&msg_id::work(turn, *attempt)),
-            };
-            publish
-                .header(subjects::HDR_TURN, turn.as_str())
-                .header(subjects::HDR_ATTEMPT, &attempt.to_string())
-                .send(&bus.js)
-                .await?;
-        }
-        Effect::Notify { text, attempt, .. } => {
-            let item = OutboundItem {
-                v: FORMAT_VERSION,
-                kind: OutboundKind::Notice,
-                chat: record.chat.clone(),
-                turn: turn.clone(),
-                attempt: *attempt,
-                text: text.clone(),
-                status_id: None,
-                r#final: false,
-            };
-            Publish::new(bus.codec, subjects::chat_out(&record.chat), &item)?
-                .msg_id(&msg_id::notice(turn))
-                .header(subjects::HDR_TURN, turn.as_str())
-                .header(subjects::HDR_KIND, "notice")
-                .send(&bus.js)
-                .await?;
-        }
-        Effect::FlagChatErrored { reason, cause } => {
-            crate::chats::flag_errored(bus, record, reason, *cause).await?;
-        }
-        Effect::ForwardKill { attempt } => {
-            // The fence move is the kill: durable, and from it on nothing of the turn lands. The
-            // plain message only makes the runner stop at once instead of at its next heartbeat.
-            crate::fence::kill(bus, turn, *attempt, killed_by(record)).await?;
-            send_kill(bus, record, *attempt).await?;
-        }
-        Effect::CancelAttempt { attempt } => {
-            // Drop the schedule if it has not fired, and take the claim so no runner starts it.
-            let stream = bus
-                .js
-                .get_stream(subjects::STREAM_WORK)
-                .await
-                .map_err(|e| BusError::kv("open work stream", e))?;
-            stream
-                .purge()
-                .filter(subjects::work_schedule(turn, *attempt))
-                .await
-                .map_err(|e| BusError::kv(format!("purge schedule of {turn}.{attempt}"), e))?;
-            let claim = ClaimRecord {
-                v: FORMAT_VERSION,
-                turn: turn.clone(),
-                attempt: *attempt,
-                holder: ClaimHolder::Cancelled,
-                at: now(),
-            };
-            let claimed = match bus
-                .claims
-                .create(
-                    subjects::claim_key(turn, *attempt),
-                    Bytes::from(bus.codec.encode(&claim)?),
-                )
-                .await
-            {
-                Ok(_) => false,
-                Err(e) if e.kind() == CreateErrorKind::AlreadyExists => true,
-                Err(e) => return Err(BusError::kv(format!("cancel claim {turn}.{attempt}"), e)),
-            };
-            // A runner may hold the claim already, before or after taking the fence: the fence
-            // move stops it either way (it takes the fence by compare-and-set).
-            crate::fence::kill(bus, turn, *attempt, killed_by(record)).await?;
-            if claimed {
-                debug!(%turn, attempt, "cancelled attempt was already claimed; its fence is moved and its runner told");
-                send_kill(bus, record, *attempt).await?;
-            }
-        }
-        Effect::Ended { state } => {
-            // Close the turn's live-progress message.
-            let last = OutboundItem {
-                v: FORMAT_VERSION,
-                kind: OutboundKind::Status,
-                chat: record.chat.clone(),
-                turn: turn.clone(),
-                attempt: record.attempt,
-                text: state.to_string(),
-                status_id: Some(subjects::status_id(turn)),
-                r#final: true,
-            };
-            Publish::new(bus.codec, subjects::chat_out(&record.chat), &last)?
-                .msg_id(&msg_id::status_final(turn))
-                .header(subjects::HDR_TURN, turn.as_str())
-                .header(subjects::HDR_KIND, "status")
-                .send(&bus.js)
-                .await?;
-            // The chat's next turn goes (the caller admits it: no recursion into apply here).
-            if let Some((next, history)) = crate::chats::release(bus, record, bus.history).await? {
-                if &next != turn {
-                    return Ok(Some(NextTurn {
-                        turn: next,
-                        history,
-                    }));
-                }
-            }
-        }
-    }
-    Ok(None)
-}
-
-/// How long the purge marker of an ended turn stays in the live index. Long enough for a sweep
-/// that listed the key just before to see it gone; short, so the sweep's listing grows with live
-/// turns only, never with the turns that ended in the bucket's lifetime.
-const LIVE_MARKER_TTL: std::time::Duration = std::time::Duration::from_secs(60);
-
-/// Drop a turn from the live index, leaving a purge marker that expires by itself.
-pub async fn unlist_live(bus: &Bus, turn: &TurnId) -> Result<(), BusError> {
-    bus.live
-        .purge_with_ttl(turn.as_str(), LIVE_MARKER_TTL)
-        .await
-        .map_err(|e| BusError::kv(format!("drop {turn} from live index"), e))
 }

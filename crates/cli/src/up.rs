@@ -1,7 +1,7 @@
 //! `turnpike up`: the embedded default — nats-server plus every role in one process.
 
 use crate::follow::{self, FollowOutcome, Printer};
-use crate::nats_server::{self, LocalNats};
+use crate::nats_server;
 use anyhow::{Context, Result};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -39,8 +39,8 @@ pub async fn run(mut config: Config, demo: bool) -> Result<ExitCode> {
     } else {
         (port_of(&config.nats_url), state_dir(&config).join("nats"))
     };
-    let nats = LocalNats::start(&binary, port, &store)?;
-    config.nats_url = nats.url.clone();
+    let nats = nats_server::start(&binary, port, &store)?;
+    config.nats_url = nats.url();
     if std::env::var_os("TURNPIKE_RUNNER_BACKEND").is_none() {
         config.runner_backend = Backend::Process;
     }
@@ -111,12 +111,12 @@ pub async fn run(mut config: Config, demo: bool) -> Result<ExitCode> {
     } else {
         println!(
             "Turnpike is up: NATS at {} (store {}).",
-            nats.url,
+            nats.url(),
             store.display()
         );
         println!(
             "Try: TURNPIKE_NATS_URL={} turnpike send --chat demo 'reply:hello'",
-            nats.url
+            nats.url()
         );
         match &dashboard_login {
             Some(password) => println!(

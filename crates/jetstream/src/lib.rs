@@ -12,7 +12,8 @@ pub mod topology;
 pub use connect::{connect, describe_servers};
 pub use error::{lost_cas, BusError};
 pub use publish::{
-    dead_letter, decode, decode_kv, encode_headers, header_str, now, publish, refuse, Publish,
+    dead_letter, decode, decode_kv, encode_headers, header_str, now, publish, publish_inbound,
+    refuse, Publish,
 };
 
 use async_nats::jetstream::{self, kv, object_store};

@@ -122,6 +122,18 @@ fn humantime_rfc3339_seconds(at: Timestamp) -> String {
     humantime::format_rfc3339_millis(at.to_system_time()).to_string()
 }
 
+/// Publish an inbound chat message as a chat adapter does: on `turnpike.chat.in.<chat>`, with its
+/// id as the dedup id (so a retried publish is never a second message).
+pub async fn publish_inbound(
+    bus: &crate::Bus,
+    msg: &turnpike_core::wire::InboundMessage,
+) -> Result<PublishAck, BusError> {
+    Publish::new(bus.codec, subjects::chat_in(&msg.chat), msg)?
+        .msg_id(&msg.id)
+        .send(&bus.js)
+        .await
+}
+
 /// Shorthand: publish `value` on `subject`, with a dedup id.
 pub async fn publish<T: Serialize>(
     js: &Context,

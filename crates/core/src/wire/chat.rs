@@ -24,6 +24,30 @@ pub struct InboundMessage {
     pub attachments: Vec<Attachment>,
 }
 
+impl InboundMessage {
+    /// A text message with no attachments, from `sender`.
+    pub fn new(
+        chat: ChatId,
+        id: impl Into<String>,
+        text: impl Into<String>,
+        sender: Option<String>,
+    ) -> Self {
+        InboundMessage {
+            v: FORMAT_VERSION,
+            id: id.into(),
+            chat,
+            text: text.into(),
+            sender,
+            attachments: Vec::new(),
+        }
+    }
+
+    /// The turn this message becomes.
+    pub fn turn(&self) -> TurnId {
+        TurnId::for_message(&self.chat, &self.id)
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Role {

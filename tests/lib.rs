@@ -465,7 +465,13 @@ pub async fn runner_containers(
     runner_id: &str,
 ) -> Vec<bollard::models::ContainerSummary> {
     let filters: std::collections::HashMap<&str, Vec<String>> =
-        std::collections::HashMap::from([("label", vec![format!("turnpike.runner={runner_id}")])]);
+        std::collections::HashMap::from([(
+            "label",
+            vec![format!(
+                "{}={runner_id}",
+                turnpike_runner::backend::LABEL_RUNNER
+            )],
+        )]);
     docker
         .list_containers(Some(
             bollard::query_parameters::ListContainersOptionsBuilder::new()

@@ -213,7 +213,7 @@ impl Partial {
         filters.extend(
             runner_ids
                 .iter()
-                .map(|r| format!("label=turnpike.runner={r}")),
+                .map(|r| format!("label={}={r}", turnpike_runner::backend::LABEL_RUNNER)),
         );
         for round in 1..=10 {
             let mut ids: Vec<String> = Vec::new();

@@ -372,9 +372,12 @@ impl Cluster {
                 let labels = c.labels.unwrap_or_default();
                 (
                     c.id.unwrap_or_default(),
-                    labels.get("turnpike.turn").cloned().unwrap_or_default(),
                     labels
-                        .get("turnpike.attempt")
+                        .get(turnpike_runner::backend::LABEL_TURN)
+                        .cloned()
+                        .unwrap_or_default(),
+                    labels
+                        .get(turnpike_runner::backend::LABEL_ATTEMPT)
                         .and_then(|a| a.parse().ok())
                         .unwrap_or(0),
                     c.state

@@ -16,7 +16,7 @@ use turnpike_config::Backend;
 use turnpike_core::wire::{AgentInput, OutboundItem, OutboundKind};
 use turnpike_core::{subjects, ChatId, RunnerId, TurnId};
 use turnpike_jetstream::decode;
-use turnpike_runner::backend::{attach_options, DockerBackend};
+use turnpike_runner::backend::{attach_options, ContainerSettings};
 
 const IMAGE: &str = "turnpike-test-agent:latest";
 /// The label on the bench's own bare-run containers, as key and value.
@@ -117,9 +117,7 @@ pub async fn docker_overhead(out: &mut String) -> Result<()> {
     })
     .await?;
     remove_leftover_bare_runs(&docker).await?;
-    let container = DockerBackend::connect(&stack.config, RunnerId::sanitized("bench-bare"))
-        .await
-        .map_err(anyhow::Error::msg)?;
+    let container = ContainerSettings::new(&stack.config, RunnerId::sanitized("bench-bare"));
     let mut pipeline = Vec::new();
     let mut bare = Vec::new();
     for i in 0..n {
@@ -180,7 +178,7 @@ pub async fn docker_overhead(out: &mut String) -> Result<()> {
         let input = serde_json::to_vec(&AgentInput::from_work(&work, vec![]))?;
         // The runner's own container settings (network `none` saves the bridge set-up a default
         // container pays), labelled as the bench's so no runner takes it for its own.
-        let mut body = container.container_body(&work, stack.config.memory_limit.0);
+        let mut body = container.body(&work, stack.config.memory_limit.0);
         body.labels = Some([(BARE_LABEL[0].to_owned(), BARE_LABEL[1].to_owned())].into());
         let name = format!("turnpike-bench-bare-{i}");
         bare.push(bare_run(&docker, body, &input, &name).await?);

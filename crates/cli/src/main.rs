@@ -58,7 +58,10 @@ enum Command {
     /// Run the coordinator role (turn state, retries, notices).
     Coordinator,
     /// Run a runner node (attempts in fresh containers or processes).
-    Runner,
+    Runner {
+        #[command(subcommand)]
+        cmd: Option<RunnerCmd>,
+    },
     /// Run the operator dashboard (web pages on `dashboard_listen`), or make a password hash.
     Dashboard {
         #[command(subcommand)]
@@ -104,6 +107,13 @@ enum Command {
     /// The built-in test agent (reads an input document on stdin); used by the process backend.
     #[command(hide = true)]
     TestAgent,
+}
+
+#[derive(Subcommand)]
+enum RunnerCmd {
+    /// Print, as Docker Engine API JSON, the container each attempt gets with this config (image,
+    /// user, limits, network, read-only root, dropped capabilities), for review; runs nothing.
+    ContainerSpec,
 }
 
 #[derive(Subcommand)]
@@ -320,7 +330,28 @@ async fn run(command: Command, config: Config, json: bool) -> Result<std::proces
             coordinator.run(shutdown).await?;
             Ok(ExitCode::SUCCESS)
         }
-        Command::Runner => {
+        Command::Runner {
+            cmd: Some(RunnerCmd::ContainerSpec),
+        } => {
+            let runner = turnpike_runner::runner_id(&config);
+            let chat = turnpike_core::ChatId::new("example-chat")?;
+            let message =
+                turnpike_core::wire::InboundMessage::new(chat.clone(), "example", "", None);
+            let work = turnpike_core::wire::WorkItem {
+                v: turnpike_core::FORMAT_VERSION,
+                turn: message.turn(),
+                chat,
+                attempt: 1,
+                max_attempts: config.attempt_limit(),
+                message,
+                history: Vec::new(),
+            };
+            let body = turnpike_runner::backend::ContainerSettings::new(&config, runner)
+                .body(&work, config.memory_limit.0);
+            println!("{}", serde_json::to_string_pretty(&body)?);
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Runner { cmd: None } => {
             init_logs(&config);
             let shutdown = shutdown_on_signal();
             let Some(bus) = role_bus(&config, "turnpike-runner", &shutdown).await? else {

@@ -403,3 +403,28 @@ async fn healthcheck_tells_a_live_role_from_a_missing_one() {
     assert!(stdout(&o).starts_with("unhealthy: "), "{}", stdout(&o));
     p.stop().await;
 }
+
+/// `turnpike runner container-spec` prints the container every attempt gets under this config,
+/// as the Engine API takes it, so an operator can review the sandbox before running anything.
+#[tokio::test]
+async fn container_spec_shows_the_sandbox_an_attempt_gets() {
+    let o = tokio::process::Command::new(TURNPIKE)
+        .args(["runner", "container-spec"])
+        .env("TURNPIKE_AGENT_IMAGE", "my-agent:1.2")
+        .env("TURNPIKE_MEMORY_LIMIT", "256MiB")
+        .env("TURNPIKE_LOG", "error")
+        .output()
+        .await
+        .expect("run turnpike");
+    assert!(o.status.success(), "{}", stderr(&o));
+    let spec: serde_json::Value = serde_json::from_slice(&o.stdout).expect("JSON");
+    assert_eq!(spec["Image"], "my-agent:1.2");
+    assert_eq!(spec["User"], "65534:65534");
+    let host = &spec["HostConfig"];
+    assert_eq!(host["Memory"], 256 << 20);
+    assert_eq!(host["MemorySwap"], host["Memory"], "no swap");
+    assert_eq!(host["ReadonlyRootfs"], true);
+    assert_eq!(host["CapDrop"], serde_json::json!(["ALL"]));
+    assert_eq!(host["NetworkMode"], "none");
+    assert!(host["PidsLimit"].as_i64().is_some_and(|n| n > 0));
+}

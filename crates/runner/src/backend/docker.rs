@@ -46,6 +46,14 @@ const ENGINE_TIMEOUT: Duration = Duration::from_secs(60);
 
 pub struct DockerBackend {
     docker: Docker,
+    container: ContainerSettings,
+}
+
+/// The container every attempt of a runner gets, from its config: image, numeric user, limits,
+/// network, labels, a read-only root. Public for review (`turnpike runner container-spec` prints
+/// it) and so the benchmarks time a bare run of exactly this container.
+#[derive(Debug, Clone)]
+pub struct ContainerSettings {
     runner: RunnerId,
     image: String,
     user: String,
@@ -54,123 +62,21 @@ pub struct DockerBackend {
     nano_cpus: i64,
 }
 
-/// A container left by an earlier life of this runner.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Orphan {
-    pub container: String,
-    pub turn: Option<TurnId>,
-    pub attempt: Option<u32>,
-    pub chat: Option<ChatId>,
-}
-
-/// How an attempt's container is attached, before start: stdin for the input document and both
-/// output streams. Public so that the benchmarks' bare run attaches alike.
-pub fn attach_options() -> AttachContainerOptions {
-    AttachContainerOptionsBuilder::new()
-        .stdin(true)
-        .stdout(true)
-        .stderr(true)
-        .stream(true)
-        .build()
-}
-
-impl DockerBackend {
-    /// Connect to the local engine (DOCKER_HOST or the default socket), negotiating the API version.
-    pub async fn connect(config: &Config, runner: RunnerId) -> Result<Self, BackendError> {
-        let docker = Docker::connect_with_local_defaults()
-            .map_err(BackendError::DockerConnect)?
-            .with_timeout(ENGINE_TIMEOUT)
-            .negotiate_version()
-            .await
-            .map_err(BackendError::DockerUnreachable)?;
-        Ok(DockerBackend {
-            docker,
+impl ContainerSettings {
+    pub fn new(config: &Config, runner: RunnerId) -> Self {
+        ContainerSettings {
             runner,
             image: config.agent_image.clone(),
             user: config.agent_user.clone(),
             network_mode: config.network_mode.clone(),
             pids_limit: config.pids_limit,
             nano_cpus: (config.cpus * 1e9) as i64,
-        })
-    }
-
-    pub fn docker(&self) -> &Docker {
-        &self.docker
-    }
-
-    /// Does the engine enforce memory limits (cgroup memory controller present)?
-    pub async fn enforces_memory_limits(&self) -> Result<bool, BackendError> {
-        let info = self
-            .docker
-            .info()
-            .await
-            .map_err(|source| BackendError::Docker {
-                what: "describe itself",
-                source,
-            })?;
-        Ok(info.memory_limit.unwrap_or(false))
-    }
-
-    fn container_name(&self, turn: &TurnId, attempt: u32) -> String {
-        // Docker names: [a-zA-Z0-9][a-zA-Z0-9_.-]*; our ids already fit.
-        format!("turnpike-{}-{turn}-{attempt}", self.runner)
-    }
-
-    /// Remove every container labelled with this runner's id (left by an earlier life).
-    pub async fn reap_orphans(&self) -> Result<Vec<Orphan>, BackendError> {
-        let filters: HashMap<&str, Vec<String>> =
-            HashMap::from([("label", vec![format!("{LABEL_RUNNER}={}", self.runner)])]);
-        let list = self
-            .docker
-            .list_containers(Some(
-                ListContainersOptionsBuilder::new()
-                    .all(true)
-                    .filters(&filters)
-                    .build(),
-            ))
-            .await
-            .map_err(|source| BackendError::Docker {
-                what: "list containers",
-                source,
-            })?;
-        let mut out = Vec::new();
-        for c in list {
-            let Some(id) = c.id else { continue };
-            let labels = c.labels.unwrap_or_default();
-            let turn = labels
-                .get(LABEL_TURN)
-                .and_then(|t| TurnId::new(t.as_str()).ok());
-            let attempt = labels.get(LABEL_ATTEMPT).and_then(|a| a.parse().ok());
-            let chat = labels
-                .get(LABEL_CHAT)
-                .and_then(|c| ChatId::new(c.as_str()).ok());
-            self.remove(&id).await;
-            out.push(Orphan {
-                container: id,
-                turn,
-                attempt,
-                chat,
-            });
-        }
-        Ok(out)
-    }
-
-    async fn remove(&self, id: &str) {
-        let opts = RemoveContainerOptionsBuilder::new()
-            .force(true)
-            .v(true)
-            .build();
-        if let Err(e) = self.docker.remove_container(id, Some(opts)).await {
-            if !is_status(&e, 404) {
-                warn!(container = id, error = %e, "could not remove container");
-            }
         }
     }
 
     /// What an attempt's container is created with: the image, the numeric user, stdin for the
-    /// input document, the limits, the network and the labels. Public so that the benchmarks can
-    /// time a bare run of exactly the same container.
-    pub fn container_body(&self, work: &WorkItem, memory_limit: u64) -> ContainerCreateBody {
+    /// input document, the limits, the network and the labels.
+    pub fn body(&self, work: &WorkItem, memory_limit: u64) -> ContainerCreateBody {
         let memory = i64::try_from(memory_limit).unwrap_or(i64::MAX);
         ContainerCreateBody {
             image: Some(self.image.clone()),
@@ -228,6 +134,113 @@ impl DockerBackend {
             ..Default::default()
         }
     }
+}
+
+/// A container left by an earlier life of this runner.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Orphan {
+    pub container: String,
+    pub turn: Option<TurnId>,
+    pub attempt: Option<u32>,
+    pub chat: Option<ChatId>,
+}
+
+/// How an attempt's container is attached, before start: stdin for the input document and both
+/// output streams. Public so that the benchmarks' bare run attaches alike.
+pub fn attach_options() -> AttachContainerOptions {
+    AttachContainerOptionsBuilder::new()
+        .stdin(true)
+        .stdout(true)
+        .stderr(true)
+        .stream(true)
+        .build()
+}
+
+impl DockerBackend {
+    /// Connect to the local engine (DOCKER_HOST or the default socket), negotiating the API version.
+    pub async fn connect(config: &Config, runner: RunnerId) -> Result<Self, BackendError> {
+        let docker = Docker::connect_with_local_defaults()
+            .map_err(BackendError::DockerConnect)?
+            .with_timeout(ENGINE_TIMEOUT)
+            .negotiate_version()
+            .await
+            .map_err(BackendError::DockerUnreachable)?;
+        Ok(DockerBackend {
+            docker,
+            container: ContainerSettings::new(config, runner),
+        })
+    }
+
+    /// Does the engine enforce memory limits (cgroup memory controller present)?
+    pub async fn enforces_memory_limits(&self) -> Result<bool, BackendError> {
+        let info = self
+            .docker
+            .info()
+            .await
+            .map_err(|source| BackendError::Docker {
+                what: "describe itself",
+                source,
+            })?;
+        Ok(info.memory_limit.unwrap_or(false))
+    }
+
+    fn container_name(&self, turn: &TurnId, attempt: u32) -> String {
+        // Docker names: [a-zA-Z0-9][a-zA-Z0-9_.-]*; our ids already fit.
+        format!("turnpike-{}-{turn}-{attempt}", self.container.runner)
+    }
+
+    /// Remove every container labelled with this runner's id (left by an earlier life).
+    pub async fn reap_orphans(&self) -> Result<Vec<Orphan>, BackendError> {
+        let filters: HashMap<&str, Vec<String>> = HashMap::from([(
+            "label",
+            vec![format!("{LABEL_RUNNER}={}", self.container.runner)],
+        )]);
+        let list = self
+            .docker
+            .list_containers(Some(
+                ListContainersOptionsBuilder::new()
+                    .all(true)
+                    .filters(&filters)
+                    .build(),
+            ))
+            .await
+            .map_err(|source| BackendError::Docker {
+                what: "list containers",
+                source,
+            })?;
+        let mut out = Vec::new();
+        for c in list {
+            let Some(id) = c.id else { continue };
+            let labels = c.labels.unwrap_or_default();
+            let turn = labels
+                .get(LABEL_TURN)
+                .and_then(|t| TurnId::new(t.as_str()).ok());
+            let attempt = labels.get(LABEL_ATTEMPT).and_then(|a| a.parse().ok());
+            let chat = labels
+                .get(LABEL_CHAT)
+                .and_then(|c| ChatId::new(c.as_str()).ok());
+            self.remove(&id).await;
+            out.push(Orphan {
+                container: id,
+                turn,
+                attempt,
+                chat,
+            });
+        }
+        Ok(out)
+    }
+
+    async fn remove(&self, id: &str) {
+        let opts = RemoveContainerOptionsBuilder::new()
+            .force(true)
+            .v(true)
+            .build();
+        if let Err(e) = self.docker.remove_container(id, Some(opts)).await {
+            if !is_status(&e, 404) {
+                warn!(container = id, error = %e, "could not remove container");
+            }
+        }
+    }
 
     pub async fn run(
         &self,
@@ -248,7 +261,7 @@ impl DockerBackend {
             Ok(i) => i,
             Err(e) => return engine_error(format!("cannot encode the input document: {e}")),
         };
-        let body = self.container_body(work, spec.memory_limit);
+        let body = self.container.body(work, spec.memory_limit);
         let created = self
             .docker
             .create_container(
@@ -262,7 +275,7 @@ impl DockerBackend {
                 return RawExit {
                     start_error: Some(format!(
                         "cannot create the container from image {:?}: {e}",
-                        self.image
+                        self.container.image
                     )),
                     ..RawExit::default()
                 }

@@ -6,8 +6,8 @@ mod docker;
 mod process;
 
 pub use docker::{
-    attach_options, DockerBackend, Orphan, ATTACHMENT_DIR, LABEL_ATTEMPT, LABEL_CHAT,
-    LABEL_MANAGED, LABEL_RUNNER, LABEL_TURN,
+    attach_options, ContainerSettings, DockerBackend, Orphan, ATTACHMENT_DIR, LABEL_ATTEMPT,
+    LABEL_CHAT, LABEL_MANAGED, LABEL_RUNNER, LABEL_TURN,
 };
 pub use process::ProcessBackend;
 

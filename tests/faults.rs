@@ -1,5 +1,5 @@
 //! The fault suite: Turnpike as containers (3-node R3 NATS cluster, 2 coordinators, a
-//! dispatcher, Docker runners; see `cluster.rs`) on a private Docker network, with nodes killed,
+//! dispatcher, Docker runners; see `cluster/`) on a private Docker network, with nodes killed,
 //! cut off and restarted under load. Every case judges turn records and chat output, never logs,
 //! and adds a row (case, turns, lost, duplicated, wrong outcome) to target/fault-summary.tsv,
 //! which `tests/run.sh` prints as a table.

@@ -208,6 +208,19 @@ pub async fn ops(
     serde_json::from_slice(&reply.payload).expect("an ops reply")
 }
 
+/// The coordinators' counters, as `turnpike status` and the dashboard read them.
+pub async fn ops_stats(bus: &Bus) -> turnpike_core::wire::OpsStats {
+    let reply = bus
+        .client
+        .request(
+            turnpike_core::subjects::OPS_STATS.to_owned(),
+            bytes::Bytes::new(),
+        )
+        .await
+        .expect("stats answered");
+    serde_json::from_slice(&reply.payload).expect("stats JSON")
+}
+
 /// An operator's kill of `turn`, by "tester".
 pub async fn kill_turn(bus: &Bus, turn: &TurnId) -> turnpike_core::wire::OpsReply {
     ops(

@@ -111,14 +111,7 @@ async fn counters_are_served_to_operators() {
     for t in [&a, &b, &c] {
         wait_ended(&p.bus, t, T).await;
     }
-    let reply = p
-        .bus
-        .client
-        .request(subjects::OPS_STATS, bytes::Bytes::new())
-        .await
-        .expect("stats answered");
-    let stats: turnpike_core::wire::OpsStats =
-        serde_json::from_slice(&reply.payload).expect("stats JSON");
+    let stats = ops_stats(&p.bus).await;
     let s = stats.counters;
     assert_eq!(
         (s.turns_done, s.turns_gave_up, s.silent_turns),

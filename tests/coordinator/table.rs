@@ -263,14 +263,7 @@ async fn bad_events_are_dead_lettered_and_the_coordinator_keeps_going() {
     );
     // Every refusal goes one way, so every one is counted (the subject mismatch and the unknown
     // turn were dead-lettered without being counted before).
-    let reply = p
-        .bus
-        .client
-        .request(subjects::OPS_STATS, bytes::Bytes::new())
-        .await
-        .expect("stats answered");
-    let stats: turnpike_core::wire::OpsStats =
-        serde_json::from_slice(&reply.payload).expect("stats JSON");
+    let stats = ops_stats(&p.bus).await;
     assert_eq!(stats.counters.dead_lettered, 3, "{:?}", stats.counters);
     p.stop().await;
 }

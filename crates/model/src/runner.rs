@@ -1,5 +1,5 @@
-//! A runner's steps (runner/src/attempt.rs `run`, `run_fenced`, `Lander::message`,
-//! `report_exit`, `report_orphan`; runner/src/lease.rs), and the server's side of a bot message.
+//! A runner's steps (runner/src/attempt.rs `run`, `run_fenced`, land.rs `Lander::message`,
+//! events.rs `report_exit`, `report_orphan`; lease.rs), and the server's side of a bot message.
 
 use crate::world::*;
 use crate::Protocol;

@@ -4,9 +4,7 @@
 use async_nats::jetstream::consumer::{pull, DeliverPolicy};
 use futures::StreamExt;
 use std::time::Duration;
-use tokio::task::JoinHandle;
-use tokio_util::sync::CancellationToken;
-use turnpike_config::{Backend, Config};
+use turnpike_config::Config;
 use turnpike_core::wire::{InboundMessage, OutboundItem};
 use turnpike_core::{subjects, ChatId, TurnId, TurnRecord};
 use turnpike_jetstream::{decode, Bus};
@@ -20,21 +18,6 @@ pub fn init_logs() {
             .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
             .with_test_writer()
             .try_init();
-    }
-}
-
-/// A config for tests: the given server, the process backend running the test agent, short
-/// delays (tests that check the real values set their own).
-pub fn test_config(server: &NatsServer, agent: &str) -> Config {
-    Config {
-        nats_url: server.url(),
-        runner_backend: Backend::Process,
-        agent_command: Some(agent.to_owned()),
-        retry_delay: Duration::from_millis(500),
-        stop_grace: Duration::from_secs(2),
-        lease: Duration::from_secs(4),
-        heartbeat: Duration::from_secs(1),
-        ..Config::default()
     }
 }
 
@@ -67,63 +50,9 @@ impl Faulty {
     }
 }
 
-/// One role running in this process.
-pub struct Role {
-    token: CancellationToken,
-    task: JoinHandle<()>,
-}
-
-impl Role {
-    pub async fn stop(self) {
-        self.token.cancel();
-        let _ = self.task.await;
-    }
-
-    /// Stop at once, like kill -9 (the task is aborted where it stands).
-    pub fn abort(self) {
-        self.task.abort();
-    }
-}
-
-impl Role {
-    /// Run `role` (a role's `run(token)` future) as a task that can be stopped or aborted.
-    fn spawn<F, E>(name: &'static str, role: impl FnOnce(CancellationToken) -> F) -> Role
-    where
-        F: std::future::Future<Output = Result<(), E>> + Send + 'static,
-        E: std::fmt::Display,
-    {
-        let token = CancellationToken::new();
-        let run = role(token.clone());
-        Role {
-            token,
-            task: tokio::spawn(async move {
-                if let Err(e) = run.await {
-                    panic!("{name} failed: {e}");
-                }
-            }),
-        }
-    }
-}
-
-pub async fn start_dispatcher(config: &Config) -> Role {
-    let bus = Bus::connect(config, "test-dispatcher").await.expect("bus");
-    let d = turnpike_dispatcher::Dispatcher::new(bus, config.clone());
-    Role::spawn("dispatcher", |t| d.run(t))
-}
-
-pub async fn start_coordinator(config: &Config) -> Role {
-    let bus = Bus::connect(config, "test-coordinator").await.expect("bus");
-    let c = turnpike_coordinator::Coordinator::new(bus, config);
-    Role::spawn("coordinator", |t| c.run(t))
-}
-
-pub async fn start_runner(config: &Config) -> Role {
-    let bus = Bus::connect(config, "test-runner").await.expect("bus");
-    let r = turnpike_runner::Runner::new(bus, config.clone())
-        .await
-        .expect("runner config");
-    Role::spawn("runner", |t| r.run(t))
-}
+pub use turnpike_testkit::pipeline::{
+    start_coordinator, start_dispatcher, start_runner, test_config, Pipeline, Role,
+};
 
 /// Publish an inbound chat message as a chat adapter would; returns its turn id.
 pub async fn send(bus: &Bus, chat: &str, id: &str, text: &str) -> TurnId {
@@ -270,41 +199,6 @@ pub async fn send_with_attachment(
         object: object.to_owned(),
     };
     send_message(bus, chat, id, text, vec![attachment]).await
-}
-
-/// A whole pipeline on its own nats-server: dispatcher, coordinator and one runner in-process.
-pub struct Pipeline {
-    pub server: NatsServer,
-    pub bus: Bus,
-    pub config: Config,
-    pub roles: Vec<Role>,
-}
-
-impl Pipeline {
-    /// `test_config` with the given agent, adjusted by `tweak`.
-    pub async fn start(agent: &str, tweak: impl FnOnce(&mut Config)) -> Pipeline {
-        let server = NatsServer::start();
-        let mut config = test_config(&server, agent);
-        tweak(&mut config);
-        let roles = vec![
-            start_dispatcher(&config).await,
-            start_coordinator(&config).await,
-            start_runner(&config).await,
-        ];
-        let bus = Bus::connect(&config, "test").await.expect("bus");
-        Pipeline {
-            server,
-            bus,
-            config,
-            roles,
-        }
-    }
-
-    pub async fn stop(self) {
-        for r in self.roles {
-            r.stop().await;
-        }
-    }
 }
 
 /// Wait until the turn is in `state`.

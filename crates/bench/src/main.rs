@@ -43,6 +43,7 @@ use turnpike_core::wire::{
 use turnpike_core::{subjects, ChatId, TurnId, FORMAT_VERSION};
 use turnpike_jetstream::{decode, Bus};
 use turnpike_store::turns;
+use turnpike_testkit::pipeline::Pipeline;
 use turnpike_testkit::NatsServer;
 
 #[derive(Parser)]

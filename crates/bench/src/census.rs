@@ -105,7 +105,12 @@ pub fn classify(subject: &str, reply: Option<&str>) -> Option<Op> {
 
 /// A subject with its per-turn tokens dropped, so that counts group by what they are.
 fn shape(subject: &str) -> String {
-    let keep = if subject.starts_with("$JS.") {
+    // A get names its stream in the sixth token: which bucket is read is the point.
+    let keep = if subject.starts_with("$JS.API.STREAM.MSG.GET.")
+        || subject.starts_with("$JS.API.DIRECT.GET.")
+    {
+        6
+    } else if subject.starts_with("$JS.") {
         5
     } else if subject.starts_with("turnpike.") {
         3

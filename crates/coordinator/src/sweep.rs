@@ -14,11 +14,9 @@ use turnpike_config::Config;
 use turnpike_core::lifecycle::{Effect, Event, TurnState};
 use turnpike_core::recovery;
 use turnpike_core::subjects;
-use turnpike_core::wire::{
-    ClaimHolder, ClaimRecord, ExitReport, RunnerEvent, RunnerEventKind, WorkItem,
-};
+use turnpike_core::wire::{ExitReport, RunnerEvent, RunnerEventKind, WorkItem};
 use turnpike_core::{TurnId, TurnRecord};
-use turnpike_jetstream::{decode, decode_kv, now, Bus, BusError};
+use turnpike_jetstream::{decode, now, Bus, BusError};
 use turnpike_store::claims::Lease;
 use turnpike_store::fence::{self, Losing};
 use turnpike_store::turns::{self, ApplyError};
@@ -129,20 +127,7 @@ async fn check_attempt_alive(
 ) -> Result<(), ApplyError> {
     let turn = &record.turn;
     let k = record.attempt;
-    let key = subjects::claim_key(turn, k);
-    let claim = bus
-        .claims
-        .entry(key.as_str())
-        .await
-        .map_err(|e| BusError::kv(format!("read claim {key}"), e))?;
-    let claim = match claim.filter(|c| !c.value.is_empty()) {
-        None => recovery::Claim::None,
-        Some(c) => match decode_kv::<ClaimRecord>(&c.value).map(|c| c.holder) {
-            Ok(ClaimHolder::Cancelled) => recovery::Claim::Cancelled,
-            // A claim that does not decode was still made by someone: judged by its lease.
-            _ => recovery::Claim::Runner,
-        },
-    };
+    let claim = turnpike_store::claims::claim(bus, turn, k).await?;
     if claim == recovery::Claim::None {
         let waited = now().since(record.updated_at);
         if record.state == TurnState::Queued && waited > QUEUED_LONG {
@@ -232,13 +217,7 @@ async fn check_retry_scheduled(
     let k = record.attempt;
     // Claimed: a runner has it (its schedule fired), and it may have died before reporting it
     // started. Its lease tells, as for a running attempt.
-    let key = subjects::claim_key(turn, k);
-    let claimed = bus
-        .claims
-        .entry(key.as_str())
-        .await
-        .map_err(|e| BusError::kv(format!("read claim {key}"), e))?
-        .is_some_and(|c| !c.value.is_empty());
+    let claimed = turnpike_store::claims::claim(bus, turn, k).await? != recovery::Claim::None;
     let (mut scheduled, mut queued) = (false, false);
     if !claimed {
         let stream = bus

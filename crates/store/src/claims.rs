@@ -60,6 +60,26 @@ pub async fn holder(
         .map(|c| c.holder))
 }
 
+/// What the claims bucket says of `attempt`, as the sweep judges it: unclaimed, cancelled by an
+/// operator kill, or taken by a runner (a claim that does not decode was still made by someone,
+/// so it counts as a runner's, judged by its lease).
+pub async fn claim(
+    bus: &Bus,
+    turn: &TurnId,
+    attempt: u32,
+) -> Result<turnpike_core::recovery::Claim, BusError> {
+    use turnpike_core::recovery::Claim;
+    let key = subjects::claim_key(turn, attempt);
+    let last = last_value(bus, subjects::BUCKET_CLAIMS, &key).await?;
+    Ok(match last.and_then(|l| l.value) {
+        None => Claim::None,
+        Some(v) => match decode_kv::<ClaimRecord>(&v).map(|c| c.holder) {
+            Ok(ClaimHolder::Cancelled) => Claim::Cancelled,
+            _ => Claim::Runner,
+        },
+    })
+}
+
 /// An attempt's lease.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Lease {

@@ -402,9 +402,14 @@ mod tests {
             shape("$KV.turnpike_turns.t-00df5c8edc1800cedbd7d526"),
             "$KV.turnpike_turns"
         );
+        // Gets keep the stream they read: which bucket a turn reads is what the census is for.
         assert_eq!(
             shape("$JS.API.STREAM.MSG.GET.KV_turnpike_turns"),
-            "$JS.API.STREAM.MSG.GET"
+            "$JS.API.STREAM.MSG.GET.KV_turnpike_turns"
+        );
+        assert_eq!(
+            shape("$JS.API.CONSUMER.MSG.NEXT.TURNPIKE_WORK.runners"),
+            "$JS.API.CONSUMER.MSG.NEXT"
         );
     }
 

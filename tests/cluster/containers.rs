@@ -298,10 +298,10 @@ fn docker_cli_checked(args: &[&str]) -> (bool, String) {
     }
 }
 
+/// Run the docker CLI where a failure needs no report: its stdout, or nothing.
 pub(super) fn docker_cli(args: &[&str]) -> String {
-    std::process::Command::new("docker")
-        .args(args)
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
-        .unwrap_or_default()
+    match docker_cli_checked(args) {
+        (true, out) => out,
+        (false, _) => String::new(),
+    }
 }

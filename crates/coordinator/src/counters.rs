@@ -138,9 +138,6 @@ impl Counters {
     pub fn runner_lost(&self) {
         self.count(&self.runner_lost, Kind::RunnerLost);
     }
-    pub fn dead_lettered(&self) {
-        inc(&self.dead_lettered);
-    }
     pub fn queued_long(&self) {
         inc(&self.queued_long);
     }

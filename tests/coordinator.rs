@@ -29,5 +29,7 @@ fn of_turn<'a>(items: &'a [OutboundItem], turn: &TurnId) -> Vec<&'a OutboundItem
 mod outbox;
 #[path = "coordinator/restarts.rs"]
 mod restarts;
+#[path = "coordinator/revisions.rs"]
+mod revisions;
 #[path = "coordinator/table.rs"]
 mod table;

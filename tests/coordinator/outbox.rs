@@ -269,11 +269,11 @@ async fn a_turn_killed_before_it_joined_does_not_hold_its_chat_after_a_replay() 
         .await
         .expect("outbox");
     // ...the dispatcher joins it and dies before admitting it...
-    turnpike_store::chats::join(&bus, &chat, &turn, Some(1))
+    turnpike_store::chats::join(&bus, &chat, &turn, Some(1), None)
         .await
         .expect("join");
     // ...and the message comes back.
-    turnpike_store::turns::create_in_chat(&bus, record, Some(1))
+    turnpike_store::turns::create_in_chat(&bus, record, Some(1), None)
         .await
         .expect("replay");
     let c: ChatRecord =
@@ -293,7 +293,7 @@ async fn an_ended_turn_stays_listed_until_its_outbox_is_cleared() {
     let bus = Bus::connect(&config, "test").await.expect("bus");
     let (record, _) = new_turn("c11", false);
     let turn = record.turn.clone();
-    turnpike_store::turns::create_in_chat(&bus, record, Some(1))
+    turnpike_store::turns::create_in_chat(&bus, record, Some(1), None)
         .await
         .expect("create");
     let applied = turnpike_store::turns::apply_event(&bus, &turn, &operator_kill())

@@ -210,7 +210,7 @@ async fn rerun(
             now(),
         );
         // Takes its place in the chat's order like any new message.
-        let (_, created) = turns::create_in_chat(bus, record, None).await?;
+        let (_, created) = turns::create_in_chat(bus, record, None, None).await?;
         if !created {
             continue;
         }

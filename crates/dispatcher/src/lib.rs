@@ -174,10 +174,11 @@ impl Dispatcher {
         async {
             // Per-chat order: an earlier message of this chat that is not taken yet (a
             // dispatcher died holding it) goes first; this one comes back for later.
+            let mut chat_read = None;
             if let Some(seq) = seq {
                 match turnpike_store::chats::inbound_in_order(&self.bus, &inbound.chat, seq).await {
-                    Ok(true) => {}
-                    Ok(false) => {
+                    Ok((true, snapshot)) => chat_read = Some(snapshot),
+                    Ok((false, _)) => {
                         debug!(
                             seq,
                             "an earlier message of this chat is not taken yet; waiting for it"
@@ -200,7 +201,12 @@ impl Dispatcher {
             // lane would move on to the chat's next message and break its order.
             let mut wait = Duration::from_millis(250);
             for tries in 1..=IN_PLACE_TRIES {
-                match self.create_turn(turn.clone(), inbound.clone(), seq).await {
+                // The order check's read of the chat serves the first try's join.
+                let chat_read = chat_read.take();
+                match self
+                    .create_turn(turn.clone(), inbound.clone(), seq, chat_read)
+                    .await
+                {
                     Ok(()) => {
                         let _ = msg.ack().await;
                         return;
@@ -261,6 +267,7 @@ impl Dispatcher {
         turn: TurnId,
         inbound: InboundMessage,
         seq: Option<u64>,
+        chat_read: Option<turnpike_store::chats::Snapshot>,
     ) -> Result<(), ApplyError> {
         if let Some(reason) = self.check_attachments(&inbound).await? {
             self.reply_error(&turn, &inbound, &reason).await?;
@@ -284,7 +291,7 @@ impl Dispatcher {
             },
             now(),
         );
-        let (current, created) = turns::create_in_chat(&self.bus, record, seq).await?;
+        let (current, created) = turns::create_in_chat(&self.bus, record, seq, chat_read).await?;
         if created {
             info!(max_attempts = current.record.max_attempts, "turn created");
             self.counters

@@ -12,41 +12,98 @@ use turnpike_jetstream::{decode_kv, now, Bus, BusError};
 
 const CAS_ATTEMPTS: usize = 100;
 
+/// The chat record as one read found it (at a revision, or missing), kept so that the next
+/// compare-and-set can go without reading it again: a stale one only fails that write, which
+/// then reads afresh.
+#[derive(Debug, Clone)]
+pub struct Snapshot {
+    /// `None`: no record (or only a delete marker) at `revision`.
+    record: Option<Result<ChatRecord, String>>,
+    /// `None`: the key was never written.
+    revision: Option<u64>,
+}
+
+impl Snapshot {
+    /// The record, `None` if the chat has none yet, `Err` if it cannot be decoded.
+    pub fn record(&self) -> Option<Result<&ChatRecord, &str>> {
+        self.record
+            .as_ref()
+            .map(|r| r.as_ref().map_err(String::as_str))
+    }
+}
+
+fn unreadable(chat: &ChatId, err: &str) -> BusError {
+    BusError::kv(
+        format!("read chat {chat}"),
+        format!("the chat record cannot be read ({err}); its turns wait until it is repaired"),
+    )
+}
+
+/// Read the chat record (one round trip to the bucket's leader).
+pub async fn read(bus: &Bus, chat: &ChatId) -> Result<Snapshot, BusError> {
+    let key = chat.as_str();
+    let entry = bus
+        .chats
+        .entry(key)
+        .await
+        .map_err(|e| BusError::kv(format!("read chat {key}"), e))?;
+    Ok(match entry {
+        Some(e) if !e.value.is_empty() => Snapshot {
+            record: Some(decode_kv::<ChatRecord>(&e.value).map_err(|err| err.to_string())),
+            revision: Some(e.revision),
+        },
+        Some(e) => Snapshot {
+            record: None,
+            revision: Some(e.revision),
+        },
+        None => Snapshot {
+            record: None,
+            revision: None,
+        },
+    })
+}
+
 /// Read-modify-write the chat record with compare-and-set (creating it if missing). `change`
 /// returns `(write?, result)`; it may run more than once, on a fresh copy each time.
 pub async fn update<R>(
     bus: &Bus,
     chat: &ChatId,
+    change: impl FnMut(&mut ChatRecord) -> (bool, R),
+) -> Result<R, BusError> {
+    update_from(bus, chat, None, change).await
+}
+
+/// [`update`] starting from `known`, a read made earlier: no read before the first write, and a
+/// read after each conflict. A decision not to write (and the result it returns) is only ever
+/// made on a record read here, never on `known`, which may be stale.
+pub async fn update_from<R>(
+    bus: &Bus,
+    chat: &ChatId,
+    mut known: Option<Snapshot>,
     mut change: impl FnMut(&mut ChatRecord) -> (bool, R),
 ) -> Result<R, BusError> {
     let key = chat.as_str();
     for _ in 0..CAS_ATTEMPTS {
-        let entry = bus
-            .chats
-            .entry(key)
-            .await
-            .map_err(|e| BusError::kv(format!("read chat {key}"), e))?;
-        let (mut record, revision) = match entry {
-            Some(e) if !e.value.is_empty() => match decode_kv::<ChatRecord>(&e.value) {
-                Ok(c) => (c, Some(e.revision)),
-                // Never started afresh: that would drop its queue and wedge its waiting turns.
-                // An operator repairs it; until then the chat's turns wait (and say why).
-                Err(err) => {
-                    return Err(BusError::kv(
-                        format!("read chat {key}"),
-                        format!("the chat record cannot be read ({err}); its turns wait until it is repaired"),
-                    ))
-                }
-            },
-            Some(e) => (chat::empty(chat), Some(e.revision)),
-            None => (chat::empty(chat), None),
+        let (snapshot, from_known) = match known.take() {
+            Some(s) => (s, true),
+            None => (read(bus, chat).await?, false),
+        };
+        let mut record = match snapshot.record {
+            Some(Ok(c)) => c,
+            // Never started afresh: that would drop its queue and wedge its waiting turns.
+            // An operator repairs it; until then the chat's turns wait (and say why).
+            Some(Err(err)) => return Err(unreadable(chat, &err)),
+            None => chat::empty(chat),
         };
         let (write, result) = change(&mut record);
         if !write {
+            if from_known {
+                continue;
+            }
             return Ok(result);
         }
         let value = Bytes::from(bus.codec.encode(&record)?);
-        let written = match revision {
+        let written = match snapshot.revision {
             Some(rev) => bus.chats.update(key, value, rev).await.map_err(|e| {
                 (
                     e.kind() == UpdateErrorKind::WrongLastRevision
@@ -80,8 +137,9 @@ pub async fn join(
     chat: &ChatId,
     turn: &TurnId,
     inbound_seq: Option<u64>,
+    known: Option<Snapshot>,
 ) -> Result<Option<Vec<HistoryEntry>>, BusError> {
-    let joined = update(bus, chat, |c| chat::join(c, turn, inbound_seq)).await?;
+    let joined = update_from(bus, chat, known, |c| chat::join(c, turn, inbound_seq)).await?;
     Ok(match joined {
         chat::Joined::Live(history) => Some(history),
         chat::Joined::Waiting | chat::Joined::Left => None,
@@ -92,17 +150,27 @@ pub async fn join(
 /// earlier message of the chat is still not taken (a dispatcher died holding it, or it waits for
 /// a redelivery): the caller leaves this one for later, so a chat's turns keep arrival order.
 /// A message already taken (a replay) is in order.
-pub async fn inbound_in_order(bus: &Bus, chat: &ChatId, seq: u64) -> Result<bool, BusError> {
-    let record = bus
-        .chats
-        .entry(chat.as_str())
-        .await
-        .map_err(|e| BusError::kv(format!("read chat {chat}"), e))?
-        .filter(|e| !e.value.is_empty())
-        .map(|e| decode_kv::<ChatRecord>(&e.value));
-    let taken = match record {
+///
+/// Returns the chat record as read, for the join that follows to write without reading again.
+pub async fn inbound_in_order(
+    bus: &Bus,
+    chat: &ChatId,
+    seq: u64,
+) -> Result<(bool, Snapshot), BusError> {
+    let snapshot = read(bus, chat).await?;
+    let in_order = next_in_order(bus, chat, seq, &snapshot).await?;
+    Ok((in_order, snapshot))
+}
+
+async fn next_in_order(
+    bus: &Bus,
+    chat: &ChatId,
+    seq: u64,
+    snapshot: &Snapshot,
+) -> Result<bool, BusError> {
+    let taken = match snapshot.record() {
         None => chat::Taken::UpTo(0),
-        Some(Ok(c)) => chat::Taken::of(Some(&c)),
+        Some(Ok(c)) => chat::Taken::of(Some(c)),
         // Unreadable: its updates will say so; the lane's order is all there is meanwhile.
         Some(Err(_)) => chat::Taken::Unknown,
     };
@@ -154,16 +222,20 @@ pub async fn release(
 ) -> Result<Option<(TurnId, Vec<HistoryEntry>)>, BusError> {
     // Read outside the CAS loop: the replies are settled once the turn has ended. A failed read
     // is an error (retried), never "not live": that would drop the turn's replies from history.
-    let was_live = update(bus, &record.chat, |c| {
-        (false, chat::is_live(c, &record.turn))
-    })
-    .await?;
+    // The same read is the first compare-and-set's base.
+    let snapshot = read(bus, &record.chat).await?;
+    let was_live = match snapshot.record() {
+        Some(Ok(c)) => chat::is_live(c, &record.turn),
+        Some(Err(e)) => return Err(unreadable(&record.chat, e)),
+        // No record: no live turn.
+        None => false,
+    };
     let replies = if was_live && chat::ran(record) {
         bot_messages(bus, record).await?
     } else {
         Vec::new()
     };
-    let released = update(bus, &record.chat, |c| {
+    let released = update_from(bus, &record.chat, Some(snapshot), |c| {
         let r = chat::release(c, record, &replies, budget);
         (r.changed, r.next)
     })

@@ -2,7 +2,7 @@
 //! dispatch, notices, kills, the chat's next turn), then clearing them from the stored outbox.
 //! Every effect is idempotent, so the sweep may carry out an outbox again after a crash.
 
-use crate::turns::{apply_event, encode, load, Applied, ApplyError, Versioned, CAS_ATTEMPTS};
+use crate::turns::{apply_event_from, encode, load, Applied, ApplyError, Versioned, CAS_ATTEMPTS};
 use async_nats::jetstream::kv::{CreateErrorKind, UpdateErrorKind};
 use bytes::Bytes;
 use tracing::{debug, warn};
@@ -37,6 +37,8 @@ pub async fn run_outbox(bus: &Bus, current: Versioned) -> Result<Versioned, Appl
 struct NextTurn {
     turn: TurnId,
     history: Vec<turnpike_core::wire::HistoryEntry>,
+    /// Its record as last written, if this process wrote it (the admission then needs no read).
+    known: Option<Versioned>,
 }
 
 /// Remove `done` from the stored outbox of `current`'s turn; unlist the turn if it ended.
@@ -94,17 +96,19 @@ async fn clear_outbox(
 
 /// Let a waiting turn start, with the chat's history as it is now, and carry out its outbox
 /// (and, if it ends at once, the same for the chat's turns after it). Idempotent: an admitted
-/// turn ignores it.
+/// turn ignores it. `known`: the turn's record as the caller last wrote it, if it did.
 pub async fn admit(
     bus: &Bus,
     turn: &TurnId,
     history: Vec<turnpike_core::wire::HistoryEntry>,
+    known: Option<Versioned>,
 ) -> Result<(), BusError> {
     admit_chain(
         bus,
         vec![NextTurn {
             turn: turn.clone(),
             history,
+            known,
         }],
     )
     .await
@@ -116,8 +120,13 @@ pub async fn admit(
 /// stop the chat's order for the others.
 async fn admit_chain(bus: &Bus, mut work: Vec<NextTurn>) -> Result<(), BusError> {
     let mut started = Vec::new();
-    while let Some(NextTurn { turn, history }) = work.pop() {
-        let Some((turn, admitted)) = admit_one(bus, turn, history).await? else {
+    while let Some(NextTurn {
+        turn,
+        history,
+        known,
+    }) = work.pop()
+    {
+        let Some((turn, admitted)) = admit_one(bus, turn, history, known).await? else {
             continue;
         };
         let done = admitted.record.outbox.clone();
@@ -142,9 +151,11 @@ async fn admit_one(
     bus: &Bus,
     mut turn: TurnId,
     mut history: Vec<turnpike_core::wire::HistoryEntry>,
+    mut known: Option<Versioned>,
 ) -> Result<Option<(TurnId, Versioned)>, BusError> {
     loop {
-        let applied = match apply_event(bus, &turn, &Event::Admitted { history }).await {
+        let admitted = Event::Admitted { history };
+        let applied = match apply_event_from(bus, &turn, &admitted, now(), known.take()).await {
             Ok(a) => a,
             Err(ApplyError::Bus(e)) => return Err(e),
             Err(e) => {
@@ -313,6 +324,7 @@ async fn execute_own(
                     return Ok(Some(NextTurn {
                         turn: next,
                         history,
+                        known: None,
                     }));
                 }
             }

@@ -98,10 +98,14 @@ pub(crate) fn encode(bus: &Bus, record: &TurnRecord) -> Result<Bytes, BusError> 
 /// order; if it is the chat's live turn it is admitted at once (attempt 1 dispatched). Every step
 /// is idempotent, so a replayed inbound message (or a crash half-way) only completes what is
 /// missing. Returns the record and whether this call created it.
+///
+/// `chat`: the chat record as the caller last read it, if it did (the join then writes without
+/// reading it again).
 pub async fn create_in_chat(
     bus: &Bus,
     record: TurnRecord,
     inbound_seq: Option<u64>,
+    known_chat: Option<crate::chats::Snapshot>,
 ) -> Result<(Versioned, bool), ApplyError> {
     let turn = record.turn.clone();
     let chat = record.chat.clone();
@@ -118,14 +122,15 @@ pub async fn create_in_chat(
         // its join, joined, the dispatcher died before admitting it, and the replay left the
         // ended turn the chat's live one for good. `admit` of an ended turn releases it.
         let _ = run_outbox(bus, current.clone()).await?;
-        admit(bus, &turn, Vec::new()).await?;
+        admit(bus, &turn, Vec::new(), None).await?;
         if let Some(seq) = inbound_seq {
             crate::chats::inbound_taken(bus, &chat, seq).await?;
         }
         return Ok((current, created));
     }
-    if let Some(history) = crate::chats::join(bus, &chat, &turn, inbound_seq).await? {
-        admit(bus, &turn, history).await?;
+    if let Some(history) = crate::chats::join(bus, &chat, &turn, inbound_seq, known_chat).await? {
+        // Admitted at the revision just written: no read before the write.
+        admit(bus, &turn, history, Some(current.clone())).await?;
     }
     Ok((current, created))
 }
@@ -151,7 +156,7 @@ pub async fn create(bus: &Bus, record: TurnRecord) -> Result<(Versioned, bool), 
 /// Apply `event` with compare-and-set: on a conflicting write, re-read and apply again. New
 /// effects join whatever is still in the outbox, so a concurrent writer's effects are never lost.
 pub async fn apply_event(bus: &Bus, turn: &TurnId, event: &Event) -> Result<Applied, ApplyError> {
-    apply_event_at(bus, turn, event, now()).await
+    apply_event_from(bus, turn, event, now(), None).await
 }
 
 /// [`apply_event`] for an event that happened at `at` by the server's clock (a runner event's
@@ -162,11 +167,36 @@ pub async fn apply_event_at(
     event: &Event,
     at: turnpike_core::Timestamp,
 ) -> Result<Applied, ApplyError> {
+    apply_event_from(bus, turn, event, at, None).await
+}
+
+/// [`apply_event_at`] starting from `known`, the record at the revision the caller last wrote or
+/// read: the write needs no read first, and a stale revision only fails it (then it reads, as
+/// after any conflict). Every decision that writes nothing is made on a record read here, never
+/// on `known`: a stale record could call a current event stale, and the event would be dropped.
+pub async fn apply_event_from(
+    bus: &Bus,
+    turn: &TurnId,
+    event: &Event,
+    at: turnpike_core::Timestamp,
+    mut known: Option<Versioned>,
+) -> Result<Applied, ApplyError> {
     for _ in 0..CAS_ATTEMPTS {
-        let current = load(bus, turn)
-            .await?
-            .ok_or_else(|| ApplyError::UnknownTurn(turn.clone()))?;
-        match lifecycle::apply(&current.record, event, at)? {
+        let (current, from_known) = match known.take() {
+            Some(v) => (v, true),
+            None => (
+                load(bus, turn)
+                    .await?
+                    .ok_or_else(|| ApplyError::UnknownTurn(turn.clone()))?,
+                false,
+            ),
+        };
+        let step = match lifecycle::apply(&current.record, event, at) {
+            // Refusals, too, only on a record read here.
+            Err(_) | Ok(Step::Unchanged(_)) if from_known => continue,
+            step => step?,
+        };
+        match step {
             Step::Unchanged(why) => return Ok(Applied::Unchanged(why, current)),
             Step::Changed { record, effects } => {
                 let mut record = *record;

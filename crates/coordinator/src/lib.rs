@@ -22,6 +22,7 @@ const IN_FLIGHT: usize = 32;
 
 pub mod counters;
 pub mod ops;
+mod recent;
 pub mod sweep;
 
 pub mod metrics;
@@ -78,6 +79,7 @@ pub struct Coordinator {
     config: Config,
     counters: Arc<Counters>,
     claims: Arc<ClaimCache>,
+    recent: Arc<recent::Recent>,
 }
 
 impl Coordinator {
@@ -87,6 +89,7 @@ impl Coordinator {
             config: config.clone(),
             counters: Arc::new(Counters::default()),
             claims: Arc::new(ClaimCache::default()),
+            recent: Arc::new(recent::Recent::default()),
         }
     }
 
@@ -126,18 +129,18 @@ impl Coordinator {
         let slots = Arc::new(Semaphore::new(IN_FLIGHT));
         let tasks = tokio_util::task::TaskTracker::new();
         turnpike_jetstream::consume::each_message(&consumer, IN_FLIGHT, &shutdown, |msg| {
-            let (slots, bus, counters, tasks, claims) = (
-                slots.clone(),
-                self.bus.clone(),
-                self.counters.clone(),
-                tasks.clone(),
-                self.claims.clone(),
-            );
+            let (slots, tasks) = (slots.clone(), tasks.clone());
+            let shared = Shared {
+                bus: self.bus.clone(),
+                counters: self.counters.clone(),
+                claims: self.claims.clone(),
+                recent: self.recent.clone(),
+            };
             async move {
                 // Wait for a free slot before taking the next event (backpressure).
                 if let Ok(permit) = slots.acquire_owned().await {
                     tasks.spawn(async move {
-                        handle(&bus, &counters, &claims, msg).await;
+                        handle(&shared, msg).await;
                         drop(permit);
                     });
                 }
@@ -174,12 +177,16 @@ fn lifecycle_event(ev: &RunnerEvent) -> Option<Event> {
     })
 }
 
-async fn handle(
-    bus: &Bus,
-    counters: &Counters,
-    claims: &ClaimCache,
-    msg: async_nats::jetstream::Message,
-) {
+/// What every in-flight event's task shares.
+struct Shared {
+    bus: Arc<Bus>,
+    counters: Arc<Counters>,
+    claims: Arc<ClaimCache>,
+    recent: Arc<recent::Recent>,
+}
+
+async fn handle(shared: &Shared, msg: async_nats::jetstream::Message) {
+    let (bus, counters, claims) = (&*shared.bus, &*shared.counters, &*shared.claims);
     let ev: RunnerEvent = match decode(msg.headers.as_ref(), &msg.payload) {
         Ok(ev) => ev,
         Err(e) => {
@@ -222,7 +229,7 @@ async fn handle(
                         ))
                     })
                     .unwrap_or_else(|_| turnpike_jetstream::now());
-                apply(bus, counters, &ev, &event, at).await
+                apply(shared, &ev, &event, at).await
             }
             Err(e) => Err(e),
         };
@@ -254,13 +261,21 @@ async fn refuse(
 }
 
 async fn apply(
-    bus: &Bus,
-    counters: &Counters,
+    shared: &Shared,
     ev: &RunnerEvent,
     event: &Event,
     at: turnpike_core::Timestamp,
 ) -> Result<(), ApplyError> {
-    let applied = turns::apply_event_at(bus, &ev.turn, event, at).await?;
+    let (bus, counters) = (&*shared.bus, &*shared.counters);
+    // At the revision this coordinator last wrote, if it did: no read before the write.
+    let known = shared.recent.get(&ev.turn);
+    let applied = match turns::apply_event_from(bus, &ev.turn, event, at, known).await {
+        Ok(applied) => applied,
+        Err(e) => {
+            shared.recent.forget(&ev.turn);
+            return Err(e);
+        }
+    };
     let current = match applied {
         Applied::Changed { current, effects } => {
             info!(state = %current.record.state, retry_count = current.record.retry_count, "turn updated");
@@ -276,6 +291,14 @@ async fn apply(
         }
     };
     // Whatever is still in the outbox (ours, or left by a coordinator that died) is done now.
-    turns::run_outbox(bus, current).await?;
-    Ok(())
+    match turns::run_outbox(bus, current).await {
+        Ok(after) => {
+            shared.recent.remember(after);
+            Ok(())
+        }
+        Err(e) => {
+            shared.recent.forget(&ev.turn);
+            Err(e)
+        }
+    }
 }

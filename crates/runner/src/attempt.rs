@@ -105,8 +105,9 @@ async fn run_fenced(
     // Fence: from here on, this attempt's bot messages land only while the turn's fence is ours.
     // Taken by compare-and-set, so a kill or a loss decided before this point is never overrun.
     let taken = turnpike_store::fence::take(&inner.bus, &work.turn, work.attempt, &inner.id).await;
-    // The claim makes any redelivery harmless from here on, whatever happens next.
-    if let Err(e) = msg.double_ack().await {
+    // The claim makes any redelivery harmless from here on, whatever happens next: a plain ack
+    // (no round trip) is enough, since a lost one only brings a delivery the claim turns away.
+    if let Err(e) = msg.ack().await {
         debug!(error = %e, "ack of the work item failed; the claim keeps it ours");
     }
     let fence_seq = match taken {

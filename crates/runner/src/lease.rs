@@ -85,15 +85,22 @@ pub(crate) enum Taken {
 /// lost it to the server's TTL): expecting no lease yet, or the marker a lapsed one left.
 pub(crate) async fn take(inner: &Inner, key: &str) -> Result<Taken, BusError> {
     let value = Bytes::from(inner.id.to_string());
-    for _ in 0..5 {
-        let expect = match claims::last_value(&inner.bus, subjects::BUCKET_LEASES, key).await? {
-            None => 0,
-            Some(last) => match last.value {
-                None => last.seq,
-                // Ours already: a create whose ack we did not see.
-                Some(v) if v == value => return Ok(Taken::Ours(last.seq)),
-                Some(_) => return Ok(Taken::Held),
-            },
+    for round in 0..5 {
+        // An attempt's lease is usually taken once, by one runner: first expect no lease at all
+        // (the same compare-and-set a read finding none would lead to), and read only if that
+        // fails.
+        let expect = if round == 0 {
+            0
+        } else {
+            match claims::last_value(&inner.bus, subjects::BUCKET_LEASES, key).await? {
+                None => 0,
+                Some(last) => match last.value {
+                    None => last.seq,
+                    // Ours already: a create whose ack we did not see.
+                    Some(v) if v == value => return Ok(Taken::Ours(last.seq)),
+                    Some(_) => return Ok(Taken::Held),
+                },
+            }
         };
         let lease = inner.config.lease;
         match put_with_ttl(

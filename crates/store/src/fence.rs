@@ -111,8 +111,14 @@ pub async fn take(
     attempt: u32,
     runner: &RunnerId,
 ) -> Result<Taken, BusError> {
-    for _ in 0..CAS_ROUNDS {
-        let last = last(bus, turn).await?;
+    for round in 0..CAS_ROUNDS {
+        // Attempt 1 usually finds the fence empty: append expecting nothing before it (what
+        // reading an empty fence leads to), and read only if that fails.
+        let last = if round == 0 && attempt == 1 {
+            None
+        } else {
+            last(bus, turn).await?
+        };
         match fence::take(last.as_ref(), attempt, runner) {
             fence::Take::Append { expect } => {
                 let holder = FenceHolder::Runner {

@@ -168,11 +168,6 @@ pub(crate) fn step(m: &Protocol, w: &mut World, p: ProcIx, choice: bool) -> bool
                     runner: m.ids.runners[e.runner].clone(),
                     published_at: NOW,
                 },
-                EventKind::Landed(seq) => Event::MessageLanded {
-                    attempt: e.attempt,
-                    seq,
-                    stream_seq: None,
-                },
                 EventKind::Exited { class, landed } => Event::Exited {
                     attempt: e.attempt,
                     report: report(class, landed),

@@ -289,9 +289,8 @@ pub(crate) fn land(w: &mut World, f: InFlight) -> bool {
         if run.awaiting && (run.turn, run.attempt) == (f.turn, f.attempt) {
             run.awaiting = false;
             if ok {
+                // No event per message (the runner reports them with its exit).
                 run.said += 1;
-                let said = run.said;
-                w.publish_event(f.turn, f.attempt, f.runner, EventKind::Landed(said));
             } else {
                 run.stop
                     .get_or_insert(stop.unwrap_or(StopReason::Superseded));

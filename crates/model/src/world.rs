@@ -110,7 +110,7 @@ pub struct EventMsg {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum EventKind {
     Started,
-    Landed(u32),
+    // No per-message event: the runner reports its bot messages with its exit (issue 19).
     Exited { class: ExitClass, landed: u32 },
 }
 
@@ -357,12 +357,11 @@ impl World {
         let same = |e: &EventMsg| {
             e.turn == turn
                 && e.attempt == attempt
-                && match (e.kind, kind) {
-                    (EventKind::Started, EventKind::Started) => true,
-                    (EventKind::Landed(a), EventKind::Landed(b)) => a == b,
-                    (EventKind::Exited { .. }, EventKind::Exited { .. }) => true,
-                    _ => false,
-                }
+                && matches!(
+                    (e.kind, kind),
+                    (EventKind::Started, EventKind::Started)
+                        | (EventKind::Exited { .. }, EventKind::Exited { .. })
+                )
         };
         if self.events.iter().any(same) {
             return;

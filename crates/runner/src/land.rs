@@ -159,19 +159,11 @@ impl<'a> Lander<'a> {
             let result = self.publish(&item, &id).await;
             match result {
                 Ok(ack) => {
+                    // No event per message: the exit report carries the count and where each
+                    // is stored (read back by sequence for history), and an attempt that dies
+                    // first is counted from the stream behind its fence by whoever fences it out.
                     self.landed = seq;
                     self.replies.push(ack.sequence);
-                    emit(
-                        self.inner,
-                        self.work,
-                        &format!("landed.{seq}"),
-                        RunnerEventKind::MessageLanded {
-                            seq,
-                            // Where it is stored, so the coordinator reads it back by sequence.
-                            stream_seq: Some(ack.sequence),
-                        },
-                    )
-                    .await;
                     return;
                 }
                 Err(BusError::Fenced { .. }) => {

@@ -28,12 +28,21 @@ async fn f1_runner_killed_while_running_attempts() {
             replies: 1,
         });
     }
+    // Killed once a record says it runs an attempt (its Started applied), not when its container
+    // is seen running: a runner killed in between leaves a lost attempt no record ties to it (the
+    // turn is still retried; only this test's count of moved turns could not see it).
     eventually(
         Duration::from_secs(90),
         "runner-1 running attempts",
         || async {
-            let running = c.agents_of(&victim).await.iter().filter(|a| a.3).count();
-            (running >= 1).then_some(())
+            for e in &expects {
+                let r = record(&c, &e.turn).await;
+                let runner = r.attempts.last().and_then(|a| a.runner.as_ref());
+                if r.state == TurnState::Running && runner.map(|x| x.as_str()) == Some(&victim) {
+                    return Some(());
+                }
+            }
+            None
         },
     )
     .await;

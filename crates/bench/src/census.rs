@@ -197,6 +197,21 @@ pub async fn count(stack: &Stack, n: usize, tag: &str) -> Result<Mix> {
 }
 
 /// Round trips in a rounded mix (acks and plain publishes are fire-and-forget).
+/// The fewest operations one happy-path turn needs while keeping every promise, as derived in
+/// docs/benchmarks/minimal-turn.md: measurement 1's second baseline. What the census counts can
+/// only approach it; an operation the pipeline does beyond it shows as the gap between the two.
+pub const MINIMAL: &[(Op, usize)] = &[
+    // inbound, attempt 1, fence marker, bot message, exit report, final status
+    (Op::PublishAck, 6),
+    // chat join, turn create, live put, the exit applied, chat release, live purge
+    (Op::KvWrite, 6),
+    // the chat's previous inbound message, the reply read back for history
+    (Op::LeaderGet, 2),
+    (Op::Fetch, 1),
+    // inbound, work item, exit report
+    (Op::Ack, 3),
+];
+
 pub fn round_trips(whole: &[(Op, usize)]) -> usize {
     whole
         .iter()

@@ -17,6 +17,7 @@ mod codecs;
 mod coordinator_kill;
 mod dashboard;
 mod docker;
+mod idle;
 mod pipeline;
 mod plots;
 mod procstat;
@@ -74,6 +75,12 @@ enum What {
         #[arg(long, default_value_t = 4)]
         slots: usize,
     },
+    /// Single-turn latency on an idle pipeline beside its floor (a bare client replaying the
+    /// census's operations in sequence), printed.
+    Idle {
+        #[arg(long, default_value_t = 200)]
+        turns: usize,
+    },
     /// Only measurement 3 (the retry path, and the coordinator kill -9 inside the delay), printed.
     Retry,
     /// Only measurement 4 (the coordinator's cost per event with 1k, 10k, 100k stored turns).
@@ -124,6 +131,13 @@ fn main() -> Result<()> {
             let rt = runtime()?;
             let mut out = String::new();
             rt.block_on(pipeline::pipeline_overhead(&mut out, turns, slots))?;
+            print!("{out}");
+            Ok(())
+        }
+        What::Idle { turns } => {
+            let rt = runtime()?;
+            let mut out = String::new();
+            rt.block_on(idle::idle_latency(&mut out, turns))?;
             print!("{out}");
             Ok(())
         }

@@ -71,9 +71,10 @@ pub(crate) async fn pipeline_overhead(out: &mut String, n: usize, slots: usize) 
         out,
         "| runners × slots | turns/s | p50 | p99 | baseline turns/s (ops/s) | ratio | \
          CPU ms per turn: server / roles / agents | baseline: server / client | \
-         baseline on the pipeline's connections: turns/s, ratio, server / client |"
+         baseline on the pipeline's connections: turns/s, ratio, server / client | \
+         minimal-ops baseline: turns/s, ratio, server / client |"
     )?;
-    writeln!(out, "|---|---|---|---|---|---|---|---|---|")?;
+    writeln!(out, "|---|---|---|---|---|---|---|---|---|---|")?;
     let mut rows = Vec::new();
     for runners in [1usize, 2, 4] {
         let stack = Stack::start(runners, |c| c.runner_slots = slots as u32).await?;
@@ -85,11 +86,13 @@ pub(crate) async fn pipeline_overhead(out: &mut String, n: usize, slots: usize) 
         // One connection each for the chat adapter (this process), dispatcher, coordinator and
         // every runner.
         let connections = 3 + runners;
-        let (mut pipe_cpu, mut base_cpu, mut spread_cpu) = (
+        let (mut pipe_cpu, mut base_cpu, mut spread_cpu, mut min_cpu) = (
             [Duration::ZERO; 3],
             [Duration::ZERO; 2],
             [Duration::ZERO; 2],
+            [Duration::ZERO; 2],
         );
+        let mut minimal = Vec::new();
         // Alternate the pipeline and the two baselines so that a noisy neighbour hits all alike;
         // medians of ROUNDS.
         for round in 0..ROUNDS {
@@ -112,6 +115,12 @@ pub(crate) async fn pipeline_overhead(out: &mut String, n: usize, slots: usize) 
                 crate::procstat::Cpu::of(&server),
                 crate::procstat::Cpu::of("self"),
             );
+            // The second baseline: the fewest operations a turn needs, replayed alike.
+            minimal.push(baseline(&stack, census::MINIMAL, n, runners * slots, 1).await?);
+            let (s4, me4) = (
+                crate::procstat::Cpu::of(&server),
+                crate::procstat::Cpu::of("self"),
+            );
             pipe.push(n as f64 / elapsed.as_secs_f64());
             base.push(b);
             lat.extend(l);
@@ -122,16 +131,23 @@ pub(crate) async fn pipeline_overhead(out: &mut String, n: usize, slots: usize) 
             base_cpu[1] += me2.own - me1.own;
             spread_cpu[0] += s3.own - s2.own;
             spread_cpu[1] += me3.own - me2.own;
+            min_cpu[0] += s4.own - s3.own;
+            min_cpu[1] += me4.own - me3.own;
         }
         lat.sort();
-        let (tps, b, sb) = (median(&mut pipe), median(&mut base), median(&mut spread));
+        let (tps, b, sb, mb) = (
+            median(&mut pipe),
+            median(&mut base),
+            median(&mut spread),
+            median(&mut minimal),
+        );
         rows.push((runners, tps));
         let per_turn =
             |d: Duration| format!("{:.2}", d.as_secs_f64() * 1000.0 / (n * ROUNDS) as f64);
         writeln!(
             out,
             "| {runners} × {slots} | {tps:.1} | {} | {} | {b:.1} ({:.0}) | {:.2} | {} / {} / {} | {} / {} | \
-             {sb:.1} on {connections}, {:.2}, {} / {} |",
+             {sb:.1} on {connections}, {:.2}, {} / {} | {mb:.1}, {:.2}, {} / {} |",
             ms(percentile(&lat, 0.5)),
             ms(percentile(&lat, 0.99)),
             b * ops_per_turn as f64,
@@ -144,6 +160,9 @@ pub(crate) async fn pipeline_overhead(out: &mut String, n: usize, slots: usize) 
             tps / sb,
             per_turn(spread_cpu[0]),
             per_turn(spread_cpu[1]),
+            tps / mb,
+            per_turn(min_cpu[0]),
+            per_turn(min_cpu[1]),
         )?;
         stack.stop().await;
     }
@@ -153,10 +172,13 @@ pub(crate) async fn pipeline_overhead(out: &mut String, n: usize, slots: usize) 
          turn); medians of {ROUNDS} alternating rounds; the baseline runs runners × slots loops at \
          once; goal ≥ 0.8. CPU is per turn, summed over the rounds: the server's, this process's \
          (the roles, or the baseline's client), and the agents' (reaped child processes). The \
-         last column replays the same loops spread over as many connections as the pipeline \
+         column before last replays the same loops spread over as many connections as the pipeline \
          holds (one per role), with its CPU per turn: the gap between the two baselines is the \
          price of the roles being separate clients, as they are in a deployment, rather than of \
-         Turnpike's logic."
+         Turnpike's logic. The minimal-ops baseline replays the fewest operations a turn needs \
+         ({} round trips, docs/benchmarks/minimal-turn.md) the same way: the census's baseline \
+         cannot see an operation that need not happen, this one can.",
+        census::round_trips(census::MINIMAL)
     )?;
     // The issue's "a baseline loop" read literally: one loop, no concurrency. Shown for reference
     // only; it is latency-bound where the pipeline is not, so the goal is judged above.

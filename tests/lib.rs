@@ -298,6 +298,12 @@ pub async fn wait_ended(bus: &Bus, turn: &TurnId, timeout: Duration) -> TurnReco
 
 /// The chat's bot messages and notices, in order: what a user reads (live-progress status items
 /// left out).
+/// The chat's record as stored (the test fails if it is missing or unreadable).
+pub async fn chat_record(bus: &Bus, chat: &str) -> turnpike_core::wire::ChatRecord {
+    let value = bus.chats.get(chat).await.expect("get").expect("record");
+    turnpike_jetstream::decode_kv(&value).expect("chat")
+}
+
 pub async fn visible_items(bus: &Bus, chat: &str) -> Vec<OutboundItem> {
     chat_items(bus, chat)
         .await

@@ -276,8 +276,7 @@ async fn a_turn_killed_before_it_joined_does_not_hold_its_chat_after_a_replay() 
     turnpike_store::turns::create_in_chat(&bus, record, Some(1), None)
         .await
         .expect("replay");
-    let c: ChatRecord =
-        decode_kv(&bus.chats.get("c10").await.expect("get").expect("record")).expect("chat");
+    let c = chat_record(&bus, "c10").await;
     assert_eq!(c.live, None, "the ended turn holds its chat: {c:?}");
     assert_eq!(c.inbound_seq, 1);
 }

@@ -102,8 +102,7 @@ async fn a_join_on_a_stale_chat_read_does_not_give_an_ended_turn_its_chat_back()
         .await
         .expect("join again");
     assert_eq!(again, None, "the ended turn was given its chat back");
-    let c: ChatRecord =
-        decode_kv(&bus.chats.get("rev2").await.expect("get").expect("record")).expect("chat");
+    let c = chat_record(&bus, "rev2").await;
     assert_eq!(c.live, None);
 }
 
@@ -129,8 +128,7 @@ async fn a_join_at_a_stale_revision_queues_behind_the_turn_that_went_first() {
         .await
         .expect("join second");
     assert_eq!(joined, None, "the second turn waits");
-    let c: ChatRecord =
-        decode_kv(&bus.chats.get("rev3").await.expect("get").expect("record")).expect("chat");
+    let c = chat_record(&bus, "rev3").await;
     assert_eq!(c.live, Some(first));
     assert_eq!(c.waiting, vec![second]);
     assert_eq!(c.inbound_seq, 2);

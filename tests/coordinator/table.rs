@@ -194,8 +194,7 @@ async fn operators_clear_a_chat_and_rerun_an_ended_turn() {
     )
     .await;
     assert!(cleared.ok, "{cleared:?}");
-    let chat: ChatRecord =
-        decode_kv(&p.bus.chats.get("c6").await.expect("get").expect("record")).expect("chat");
+    let chat = chat_record(&p.bus, "c6").await;
     assert!(chat.errored.is_none());
     assert_eq!(chat.cleared[0].by, "carol");
     // Re-run: a new turn linked to the old one; the old keeps its one terminal state.

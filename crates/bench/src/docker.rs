@@ -13,7 +13,7 @@ use std::fmt::Write as _;
 use std::time::{Duration, Instant, SystemTime};
 use tokio::io::AsyncWriteExt;
 use turnpike_config::Backend;
-use turnpike_core::wire::{AgentInput, OutboundItem, OutboundKind};
+use turnpike_core::wire::{AgentInput, OutboundKind};
 use turnpike_core::{subjects, ChatId, RunnerId, TurnId};
 use turnpike_jetstream::decode;
 use turnpike_runner::backend::{attach_options, ContainerSettings};
@@ -131,18 +131,7 @@ pub async fn docker_overhead(out: &mut String) -> Result<()> {
             .subscribe(subjects::chat_out(&chat))
             .await?;
         crate::send(&stack.bus, &chat, &id, "reply:ok").await?;
-        loop {
-            let m = tokio::time::timeout(Duration::from_secs(60), sub.next())
-                .await
-                .context("docker reply")?
-                .context("subscription")?;
-            let Ok(item) = decode::<OutboundItem>(m.headers.as_ref(), &m.payload) else {
-                continue;
-            };
-            if item.kind == OutboundKind::Message {
-                break;
-            }
-        }
+        while crate::next_outbound(&mut sub).await?.kind != OutboundKind::Message {}
         let claim = stack
             .bus
             .claims

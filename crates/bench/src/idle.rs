@@ -2,14 +2,12 @@
 //! chat's outbound subject, process backend, the agent replies at once), beside its floor: the
 //! same JetStream operations, counted by the census, replayed in sequence by one bare client.
 
-use crate::{burst, census, ms, percentile, send, Stack};
+use crate::{burst, census, ms, next_outbound, percentile, send, Stack};
 use anyhow::{Context, Result};
-use futures::StreamExt;
 use std::fmt::Write as _;
 use std::time::{Duration, Instant};
-use turnpike_core::wire::{OutboundItem, OutboundKind};
+use turnpike_core::wire::OutboundKind;
 use turnpike_core::{subjects, ChatId};
-use turnpike_jetstream::decode;
 
 /// One turn on an idle pipeline: (inbound published → bot message seen, → final status seen).
 async fn one_turn(stack: &Stack, i: usize) -> Result<(Duration, Duration)> {
@@ -25,13 +23,7 @@ async fn one_turn(stack: &Stack, i: usize) -> Result<(Duration, Duration)> {
     send(&stack.bus, &chat, &format!("idle-m{i}"), "reply:ok").await?;
     let mut reply = None;
     loop {
-        let m = tokio::time::timeout(Duration::from_secs(60), sub.next())
-            .await
-            .context("no final status within a minute")?
-            .context("subscription closed")?;
-        let Ok(item) = decode::<OutboundItem>(m.headers.as_ref(), &m.payload) else {
-            continue;
-        };
+        let item = next_outbound(&mut sub).await?;
         match item.kind {
             OutboundKind::Message if reply.is_none() => reply = Some(t0.elapsed()),
             OutboundKind::Status if item.r#final => {

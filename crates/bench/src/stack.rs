@@ -110,6 +110,19 @@ pub(crate) async fn send(bus: &Bus, chat: &ChatId, id: &str, text: &str) -> Resu
     Ok(msg.turn())
 }
 
+/// The next outbound item on `sub`, within a minute (anything that is not one is skipped).
+pub(crate) async fn next_outbound(sub: &mut async_nats::Subscriber) -> Result<OutboundItem> {
+    loop {
+        let m = tokio::time::timeout(Duration::from_secs(60), sub.next())
+            .await
+            .context("no outbound item within a minute")?
+            .context("subscription closed")?;
+        if let Ok(item) = decode::<OutboundItem>(m.headers.as_ref(), &m.payload) {
+            return Ok(item);
+        }
+    }
+}
+
 pub(crate) fn inbound(chat: &ChatId, id: &str, text: &str) -> InboundMessage {
     InboundMessage::new(chat.clone(), id, text, None)
 }

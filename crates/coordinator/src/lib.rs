@@ -267,6 +267,7 @@ async fn apply(
     at: turnpike_core::Timestamp,
 ) -> Result<(), ApplyError> {
     let (bus, counters) = (&*shared.bus, &*shared.counters);
+    let _one_at_a_time = shared.recent.one_at_a_time(&ev.turn).await;
     // At the revision this coordinator last wrote, if it did: no read before the write.
     let known = shared.recent.get(&ev.turn);
     let applied = match turns::apply_event_from(bus, &ev.turn, event, at, known).await {

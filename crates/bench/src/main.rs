@@ -81,6 +81,8 @@ enum What {
         #[arg(long, default_value_t = 200)]
         turns: usize,
     },
+    /// Only measurement 2 (Docker attempt overhead, phase by phase beside bare bollard), printed.
+    Docker,
     /// Only measurement 3 (the retry path, and the coordinator kill -9 inside the delay), printed.
     Retry,
     /// Only measurement 4 (the coordinator's cost per event with 1k, 10k, 100k stored turns).
@@ -138,6 +140,13 @@ fn main() -> Result<()> {
             let rt = runtime()?;
             let mut out = String::new();
             rt.block_on(idle::idle_latency(&mut out, turns))?;
+            print!("{out}");
+            Ok(())
+        }
+        What::Docker => {
+            let rt = runtime()?;
+            let mut out = String::new();
+            rt.block_on(docker::docker_overhead(&mut out))?;
             print!("{out}");
             Ok(())
         }

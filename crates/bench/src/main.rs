@@ -114,6 +114,17 @@ enum What {
     Coordinator,
 }
 
+/// Run one measurement that writes its report into `out` on a fresh runtime, then print it.
+macro_rules! print_report {
+    (|$out:ident| $body:expr) => {{
+        let rt = runtime()?;
+        let mut $out = String::new();
+        rt.block_on(async { $body })?;
+        print!("{}", $out);
+        Ok(())
+    }};
+}
+
 fn main() -> Result<()> {
     let cli = Cli::parse();
     match cli.what {
@@ -130,50 +141,18 @@ fn main() -> Result<()> {
             })
         }
         What::Pipeline { turns, slots } => {
-            let rt = runtime()?;
-            let mut out = String::new();
-            rt.block_on(pipeline::pipeline_overhead(&mut out, turns, slots))?;
-            print!("{out}");
-            Ok(())
+            print_report!(|out| pipeline::pipeline_overhead(&mut out, turns, slots).await)
         }
-        What::Idle { turns } => {
-            let rt = runtime()?;
-            let mut out = String::new();
-            rt.block_on(idle::idle_latency(&mut out, turns))?;
-            print!("{out}");
-            Ok(())
-        }
-        What::Docker => {
-            let rt = runtime()?;
-            let mut out = String::new();
-            rt.block_on(docker::docker_overhead(&mut out))?;
-            print!("{out}");
-            Ok(())
-        }
-        What::Retry => {
-            let rt = runtime()?;
-            let mut out = String::new();
-            rt.block_on(async {
-                retry::retry_path(&mut out).await?;
-                coordinator_kill::coordinator_kill(&mut out).await
-            })?;
-            print!("{out}");
-            Ok(())
-        }
+        What::Idle { turns } => print_report!(|out| idle::idle_latency(&mut out, turns).await),
+        What::Docker => print_report!(|out| docker::docker_overhead(&mut out).await),
+        What::Retry => print_report!(|out| {
+            retry::retry_path(&mut out).await?;
+            coordinator_kill::coordinator_kill(&mut out).await
+        }),
         What::Dashboard { stored } => {
-            let rt = runtime()?;
-            let mut out = String::new();
-            rt.block_on(dashboard::page_time(&mut out, stored))?;
-            print!("{out}");
-            Ok(())
+            print_report!(|out| dashboard::page_time(&mut out, stored).await)
         }
-        What::Scale => {
-            let rt = runtime()?;
-            let mut out = String::new();
-            rt.block_on(scale::scale(&mut out))?;
-            print!("{out}");
-            Ok(())
-        }
+        What::Scale => print_report!(|out| scale::scale(&mut out).await),
         What::Burst { turns, runners } => {
             let rt = runtime()?;
             rt.block_on(async {

@@ -99,8 +99,8 @@ pub(crate) fn encode(bus: &Bus, record: &TurnRecord) -> Result<Bytes, BusError> 
 /// is idempotent, so a replayed inbound message (or a crash half-way) only completes what is
 /// missing. Returns the record and whether this call created it.
 ///
-/// `chat`: the chat record as the caller last read it, if it did (the join then writes without
-/// reading it again).
+/// `known_chat`: the chat record as the caller last read it, if it did (the join then writes
+/// without reading it again).
 pub async fn create_in_chat(
     bus: &Bus,
     record: TurnRecord,

@@ -287,7 +287,11 @@ pub async fn dead_letters(bus: &Bus) -> Vec<(String, String)> {
 pub async fn wait_ended(bus: &Bus, turn: &TurnId, timeout: Duration) -> TurnRecord {
     eventually(timeout, &format!("turn {turn} to end"), || async {
         match turns::load(bus, turn).await {
-            Ok(Some(v)) if v.record.state.is_terminal() && v.record.outbox.is_empty() => {
+            // Its effects are carried out once it has left the live index.
+            Ok(Some(v))
+                if v.record.state.is_terminal()
+                    && matches!(turns::is_listed(bus, turn).await, Ok(false)) =>
+            {
                 Some(v.record)
             }
             _ => None,

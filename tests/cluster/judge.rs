@@ -39,14 +39,14 @@ pub async fn wait_all_ended(
     let deadline = Instant::now() + timeout;
     loop {
         let mut out = Vec::with_capacity(turns_.len());
+        let mut done = true;
         for t in turns_ {
-            out.push(turns::load(bus, t).await.ok().flatten().map(|v| v.record));
+            let record = turns::load(bus, t).await.ok().flatten().map(|v| v.record);
+            // Its effects are carried out once it has left the live index.
+            done &= record.as_ref().is_some_and(|r| r.state.is_terminal())
+                && matches!(turns::is_listed(bus, t).await, Ok(false));
+            out.push(record);
         }
-        let done = out.iter().all(|r| {
-            r.as_ref()
-                .map(|r| r.state.is_terminal() && r.outbox.is_empty())
-                .unwrap_or(false)
-        });
         if done || Instant::now() >= deadline {
             return out;
         }

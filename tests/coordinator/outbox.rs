@@ -1,5 +1,6 @@
 //! The outbox and the sweep: lost schedules found again, outboxes replayed after a crash, ended
-//! turns unlisted only once cleared; counters; events from a runner without the claim.
+//! turns unlisted only once their effects are carried out, and never carried out again after;
+//! counters; events from a runner without the claim.
 
 use super::*;
 
@@ -282,11 +283,11 @@ async fn a_turn_killed_before_it_joined_does_not_hold_its_chat_after_a_replay() 
 }
 
 /// Found by the model checker: an ended turn left the live index while carrying out its
-/// `Ended` effect, before its outbox was cleared; a crash in between left an outbox that no
-/// sweep would ever see. Carrying out the effects (and crashing before the clear) must leave
-/// the turn listed, and the clear unlist it.
+/// `Ended` effect, before its outbox was carried out; a crash in between left effects that no
+/// sweep would ever see. Carrying out the effects (and crashing before the end of the outbox)
+/// must leave the turn listed, and the outbox's end unlist it.
 #[tokio::test]
-async fn an_ended_turn_stays_listed_until_its_outbox_is_cleared() {
+async fn an_ended_turn_stays_listed_until_its_outbox_is_carried_out() {
     let server = NatsServer::start();
     let config = test_config(&server, AGENT);
     let bus = Bus::connect(&config, "test").await.expect("bus");
@@ -311,9 +312,164 @@ async fn an_ended_turn_stays_listed_until_its_outbox_is_cleared() {
             .expect("live get")
             .is_some_and(|v| !v.is_empty())
     };
-    assert!(listed().await, "unlisted with its outbox not cleared");
+    assert!(listed().await, "unlisted with its outbox not carried out");
     turnpike_store::turns::run_outbox(&bus, current)
         .await
         .expect("outbox");
-    assert!(!listed().await, "still listed once ended and cleared");
+    assert!(!listed().await, "still listed once ended and carried out");
+}
+
+/// Make a stream forget message ids after `window` (its definition keeps them two minutes), so
+/// a test can see a publish that the dedup would otherwise hide.
+async fn shorten_duplicate_window(bus: &Bus, stream: &str, window: Duration) {
+    let mut config = bus
+        .js
+        .get_stream(stream)
+        .await
+        .expect("stream")
+        .info()
+        .await
+        .expect("info")
+        .config
+        .clone();
+    config.duplicate_window = window;
+    bus.js.update_stream(config).await.expect("update stream");
+}
+
+/// Messages stored on `subject` in `stream`.
+async fn stored_on(bus: &Bus, stream: &str, subject: &str) -> usize {
+    let s = bus.js.get_stream(stream).await.expect("stream");
+    let mut counts = s.info_with_subjects(subject).await.expect("subjects");
+    let mut n = 0;
+    while let Some(c) = counts.next().await {
+        n += c.expect("subject count").1;
+    }
+    n
+}
+
+/// Since an ended turn's outbox is no longer cleared, its removal from the live index is what
+/// says its effects were carried out. A late duplicate event, a replay of its inbound message
+/// and the sweep must then carry out none of them again: past the stream's duplicate window,
+/// the notice would reach the user twice. (Fails with `run_owed` replaced by `run_outbox`, or
+/// with the dispatcher listing a replayed turn with a put.)
+#[tokio::test]
+async fn an_ended_turns_effects_are_not_carried_out_again_after_it_left_the_live_index() {
+    use turnpike_core::lifecycle::Event;
+    let server = NatsServer::start();
+    let config = test_config(&server, AGENT);
+    let bus = Bus::connect(&config, "test").await.expect("bus");
+    let (record, _) = new_turn("c13", false);
+    let turn = record.turn.clone();
+    turnpike_store::turns::create_in_chat(&bus, record.clone(), Some(1), None)
+        .await
+        .expect("create");
+    let exit = Event::Exited {
+        attempt: 1,
+        report: turnpike_core::wire::ExitReport::without_output(
+            ExitClass::Crashed,
+            "test",
+            turnpike_jetstream::now(),
+        ),
+    };
+    let applied = turnpike_store::turns::apply_event(&bus, &turn, &exit)
+        .await
+        .expect("apply");
+    assert_eq!(applied.current().record.state, TurnState::GaveUp);
+    turnpike_store::turns::run_owed(&bus, applied)
+        .await
+        .expect("effects");
+    assert!(!turnpike_store::turns::is_listed(&bus, &turn)
+        .await
+        .expect("live"));
+    shorten_duplicate_window(&bus, subjects::STREAM_CHAT_OUT, Duration::from_millis(200)).await;
+    // Past the window (the server drops expired ids on a timer of the window's length).
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    // The runner's exit, delivered again.
+    let again = turnpike_store::turns::apply_event(&bus, &turn, &exit)
+        .await
+        .expect("apply again");
+    assert!(matches!(
+        again,
+        turnpike_store::turns::Applied::Unchanged(..)
+    ));
+    turnpike_store::turns::run_owed(&bus, again)
+        .await
+        .expect("nothing owed");
+    // Its inbound message, delivered again, then a sweep.
+    turnpike_store::turns::create_in_chat(&bus, record, Some(1), None)
+        .await
+        .expect("replay");
+    assert!(!turnpike_store::turns::is_listed(&bus, &turn)
+        .await
+        .expect("live"));
+    let mut sweep_config = config.clone();
+    sweep_config.heartbeat = Duration::from_millis(1);
+    turnpike_coordinator::sweep::sweep_once(&bus, &sweep_config, &Default::default())
+        .await
+        .expect("sweep");
+    let items = outbound(
+        &bus.js,
+        &subjects::chat_out(&ChatId::new("c13").expect("chat")),
+    )
+    .await;
+    let notices = items
+        .iter()
+        .filter(|i| i.kind == OutboundKind::Notice)
+        .count();
+    let finals = items.iter().filter(|i| i.r#final).count();
+    assert_eq!((notices, finals), (1, 1), "{items:?}");
+}
+
+/// An admitted turn's dispatch stays in its outbox until its attempt begins (no write clears
+/// it), so the sweep must not carry it out again: a turn waiting in a long queue would be
+/// published again at every sweep, past the duplicate window. It looks for the attempt
+/// instead, and dispatches it again only if it is nowhere. (Fails with the dispatch counted
+/// among a stale record's leftovers, and without the look for a queued turn's attempt.)
+#[tokio::test]
+async fn the_sweep_dispatches_a_queued_turns_lost_attempt_once_and_a_waiting_one_not_again() {
+    let server = NatsServer::start();
+    let config = test_config(&server, AGENT);
+    let bus = Bus::connect(&config, "test").await.expect("bus");
+    shorten_duplicate_window(&bus, subjects::STREAM_WORK, Duration::from_millis(200)).await;
+    let (waiting, _) = new_turn("c14", false);
+    let (lost, _) = new_turn("c15", false);
+    for record in [waiting.clone(), lost.clone()] {
+        turnpike_store::turns::create_in_chat(&bus, record, Some(1), None)
+            .await
+            .expect("create");
+    }
+    // The lost one's work item is gone, as if its dispatcher died before publishing it.
+    bus.js
+        .get_stream(subjects::STREAM_WORK)
+        .await
+        .expect("work stream")
+        .purge()
+        .filter(subjects::work_run(&lost.turn))
+        .await
+        .expect("purge");
+    // Both records stale, and the ids forgotten by the work stream.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let mut sweep_config = config.clone();
+    sweep_config.heartbeat = Duration::from_millis(1);
+    for _ in 0..3 {
+        turnpike_coordinator::sweep::sweep_once(&bus, &sweep_config, &Default::default())
+            .await
+            .expect("sweep");
+    }
+    for record in [&waiting, &lost] {
+        let outbox = &turnpike_store::turns::load(&bus, &record.turn)
+            .await
+            .expect("load")
+            .expect("record")
+            .record
+            .outbox;
+        assert!(!outbox.is_empty(), "the dispatch is still in the outbox");
+        let n = stored_on(
+            &bus,
+            subjects::STREAM_WORK,
+            &subjects::work_run(&record.turn),
+        )
+        .await;
+        assert_eq!(n, 1, "work items for {}", record.turn);
+    }
 }

@@ -165,6 +165,7 @@ pub async fn follow(
     let mut last: Option<(TurnState, u32)> = None;
     let mut outcome = FollowOutcome::StillRunning;
     let mut waiting = WaitNotice::default();
+    let mut final_seen = false;
     // The record may exist already (a re-sent id, or a fast turn).
     if let Ok(Some(v)) = turnpike_store::turns::load(bus, turn).await {
         waiting.turn_waits = v.record.state == TurnState::Waiting;
@@ -172,6 +173,8 @@ pub async fn follow(
             outcome = o;
         }
     }
+    // Ended before we looked (a re-sent id): its final status may be long gone.
+    let ended_before = outcome != FollowOutcome::StillRunning;
     while outcome == FollowOutcome::StillRunning {
         waiting.print_once(printer);
         tokio::select! {
@@ -181,7 +184,7 @@ pub async fn follow(
             }
             m = sub.next() => {
                 let Some(m) = m else { break };
-                print_item(turn, &m, printer);
+                final_seen |= print_item(turn, &m, printer);
             }
             e = watches.turn.next() => {
                 let Some(Ok(entry)) = e else { continue };
@@ -204,10 +207,16 @@ pub async fn follow(
             }
         }
     }
-    // The terminal record is written before its notice is published: drain briefly.
-    let drain_until = tokio::time::Instant::now() + Duration::from_millis(500);
-    while let Ok(Some(m)) = tokio::time::timeout_at(drain_until, sub.next()).await {
-        print_item(turn, &m, printer);
+    // The terminal record is written before its notice is published, and the turn's final
+    // status comes after its notice: print until that status (or a few seconds, if its
+    // coordinator died before sending it: the sweep sends it later).
+    let drain = if ended_before { 500 } else { 5000 };
+    let drain_until = deadline.min(tokio::time::Instant::now() + Duration::from_millis(drain));
+    while !final_seen {
+        let Ok(Some(m)) = tokio::time::timeout_at(drain_until, sub.next()).await else {
+            break;
+        };
+        final_seen = print_item(turn, &m, printer);
     }
     Ok(outcome)
 }
@@ -238,22 +247,24 @@ pub fn attempts(n: u32) -> String {
     turnpike_core::texts::count(n.into(), "attempt", "attempts")
 }
 
-fn print_item(turn: &TurnId, m: &async_nats::Message, printer: &mut Printer) {
+/// Print one outbound item of `turn`; true for its final status (the last one it gets).
+fn print_item(turn: &TurnId, m: &async_nats::Message, printer: &mut Printer) -> bool {
     let Ok(item) = decode::<OutboundItem>(m.headers.as_ref(), &m.payload) else {
-        return;
+        return false;
     };
     if &item.turn != turn {
-        return;
+        return false;
     }
     match item.kind {
         OutboundKind::Message => printer.line(&format!("bot: {}", item.text)),
-        OutboundKind::Status if item.r#final => {}
+        OutboundKind::Status if item.r#final => return true,
         OutboundKind::Status => printer.line(&format!("   … {}", item.text)),
         OutboundKind::Notice => printer.line(&item.text),
     }
+    false
 }
 
-/// Print what changed since `last`; `Some` once the turn ended and its effects are carried out.
+/// Print what changed since `last`; `Some` once the turn ended.
 fn describe(
     r: &TurnRecord,
     last: &mut Option<(TurnState, u32)>,
@@ -299,5 +310,5 @@ fn describe(
             s => printer.line(&format!("   turn {s} after {}", attempts(r.attempt))),
         }
     }
-    (r.state.is_terminal() && r.outbox.is_empty()).then(|| FollowOutcome::of(r))
+    r.state.is_terminal().then(|| FollowOutcome::of(r))
 }

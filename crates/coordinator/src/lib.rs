@@ -277,22 +277,20 @@ async fn apply(
             return Err(e);
         }
     };
-    let current = match applied {
+    match &applied {
         Applied::Changed { current, effects } => {
             info!(state = %current.record.state, retry_count = current.record.retry_count, "turn updated");
             counters.applied(true);
-            counters.effects(&effects);
+            counters.effects(effects);
             counters.timings.observe(&current.record, event);
-            current
         }
-        Applied::Unchanged(why, v) => {
+        Applied::Unchanged(why, _) => {
             debug!(?why, "event changed nothing");
             counters.applied(false);
-            v
         }
-    };
-    // Whatever is still in the outbox (ours, or left by a coordinator that died) is done now.
-    match turns::run_outbox(bus, current).await {
+    }
+    // Whatever is still owed (ours, or left by a coordinator that died) is done now.
+    match turns::run_owed(bus, applied).await {
         Ok(after) => {
             shared.recent.remember(after);
             Ok(())

@@ -168,7 +168,7 @@ async fn kill(
             Some(current.record.state.to_string()),
         ),
     };
-    turns::run_outbox(bus, applied.current().clone()).await?;
+    turns::run_owed(bus, applied).await?;
     Ok(out)
 }
 

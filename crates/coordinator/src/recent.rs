@@ -64,7 +64,7 @@ impl Recent {
     }
 
     /// Keep `current` (a record just written or read) unless a newer revision is kept already;
-    /// an ended turn whose outbox is carried out gets no more events worth a saved read.
+    /// an ended turn gets no more events worth a saved read.
     pub(crate) fn remember(&self, current: Versioned) {
         let Ok(mut entries) = self.inner.lock() else {
             return;
@@ -78,7 +78,7 @@ impl Recent {
             return;
         }
         entries.remove(&turn);
-        let finished = current.record.state.is_terminal() && current.record.outbox.is_empty();
+        let finished = current.record.state.is_terminal();
         let size = estimate(&current.record);
         if finished || size > LARGEST {
             return;
@@ -156,14 +156,13 @@ mod tests {
     }
 
     #[test]
-    fn an_ended_turn_is_dropped_once_its_outbox_is_empty() {
+    fn an_ended_turn_is_dropped() {
         let recent = Recent::default();
         let mut ended = versioned("m1", 5, 10);
         let turn = ended.record.turn.clone();
         recent.remember(ended.clone());
         ended.record.state = turnpike_core::TurnState::Done;
         ended.revision = 6;
-        ended.record.outbox.clear();
         recent.remember(ended);
         assert!(recent.get(&turn).is_none());
         assert_eq!(recent.bytes(), 0);

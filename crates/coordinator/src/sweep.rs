@@ -3,7 +3,8 @@
 //! turns) and settle what no event will settle by itself:
 //! - a running attempt whose runner lease lapsed becomes a `runner_lost` death, after the turn's
 //!   fence is moved so the lost runner's late output can no longer land;
-//! - a pending retry whose next attempt is neither scheduled, queued nor claimed is scheduled again;
+//! - an attempt owed (queued, or a pending retry) that is neither scheduled, queued nor claimed
+//!   is dispatched again;
 //! - effects left in an ended turn's outbox are carried out, and the turn leaves the index.
 
 use crate::Counters;
@@ -91,8 +92,12 @@ async fn sweep_turn(
     if leftovers {
         // Effects decided a while ago and still not confirmed (a kill to forward, say): the
         // writer failed after its CAS. They are idempotent; carry them out now rather than wait
-        // for the turn's next event.
-        turns::run_outbox(bus, current.clone()).await?;
+        // for the turn's next event. A dispatch is not among them: it is looked for below.
+        let mut owed = current.clone();
+        owed.record
+            .outbox
+            .retain(|e| !matches!(e, Effect::DispatchAttempt { .. }));
+        turns::run_outbox(bus, owed).await?;
     }
     match plan {
         recovery::Plan::Finish => {
@@ -104,8 +109,8 @@ async fn sweep_turn(
         recovery::Plan::CheckAttempt { .. } => {
             check_attempt_alive(bus, config, counters, record, report).await?;
         }
-        recovery::Plan::CheckRetry { .. } => {
-            check_retry_scheduled(bus, config, counters, record, report).await?;
+        recovery::Plan::CheckDispatched { .. } => {
+            check_dispatched(bus, config, counters, record, report).await?;
         }
         recovery::Plan::Nothing => {}
     }
@@ -128,16 +133,7 @@ async fn check_attempt_alive(
     let turn = &record.turn;
     let k = record.attempt;
     let claim = turnpike_store::claims::claim(bus, turn, k).await?;
-    if claim == recovery::Claim::None {
-        let waited = now().since(record.updated_at);
-        if record.state == TurnState::Queued && waited > QUEUED_LONG {
-            warn!(turn_id = %turn, attempt = k, waited = ?waited, "attempt queued far longer than expected: are runners up?");
-            report.queued_long += 1;
-            counters.queued_long();
-        }
-        return Ok(());
-    }
-    if claim == recovery::Claim::Cancelled {
+    if claim != recovery::Claim::Runner {
         return Ok(());
     }
     // The runner made its lease before its claim: a claimed attempt whose lease is not live
@@ -184,7 +180,7 @@ async fn check_attempt_alive(
         counters.runner_lost();
         counters.effects(effects);
     }
-    turns::run_outbox(bus, applied.current().clone()).await?;
+    turns::run_owed(bus, applied).await?;
     report.runner_lost += 1;
     Ok(())
 }
@@ -206,7 +202,10 @@ async fn exit_reported(bus: &Bus, turn: &TurnId, attempt: u32) -> bool {
     )
 }
 
-async fn check_retry_scheduled(
+/// An attempt owed (queued, or a pending retry): claimed, it is judged as a current attempt;
+/// scheduled or waiting in the queue, it is on its way; nowhere, it is dispatched again (its
+/// dispatcher died between its write and its publish, or a purge lost it).
+async fn check_dispatched(
     bus: &Bus,
     config: &Config,
     counters: &Counters,
@@ -215,8 +214,8 @@ async fn check_retry_scheduled(
 ) -> Result<(), ApplyError> {
     let turn = &record.turn;
     let k = record.attempt;
-    // Claimed: a runner has it (its schedule fired), and it may have died before reporting it
-    // started. Its lease tells, as for a running attempt.
+    // Claimed: a runner has it, and it may have died before reporting it started. Its lease
+    // tells, as for a running attempt.
     let claimed = turnpike_store::claims::claim(bus, turn, k).await? != recovery::Claim::None;
     let (mut scheduled, mut queued) = (false, false);
     if !claimed {
@@ -225,11 +224,14 @@ async fn check_retry_scheduled(
             .get_stream(subjects::STREAM_WORK)
             .await
             .map_err(|e| BusError::kv("open work stream", e))?;
-        scheduled = stream
-            .get_last_raw_message_by_subject(&subjects::work_schedule(turn, k))
-            .await
-            .is_ok();
-        // Fired, waiting in the queue.
+        // Only a retry is scheduled; attempt 1 is published at once.
+        if record.next_attempt_due.is_some() {
+            scheduled = stream
+                .get_last_raw_message_by_subject(&subjects::work_schedule(turn, k))
+                .await
+                .is_ok();
+        }
+        // Published (or fired), waiting in the queue.
         if !scheduled {
             if let Ok(m) = stream
                 .get_last_raw_message_by_subject(&subjects::work_run(turn))
@@ -244,18 +246,26 @@ async fn check_retry_scheduled(
         recovery::Retry::CheckAttempt => {
             return check_attempt_alive(bus, config, counters, record, report).await
         }
-        recovery::Retry::OnItsWay => return Ok(()),
+        recovery::Retry::OnItsWay => {
+            let waited = now().since(record.updated_at);
+            if queued && record.state == TurnState::Queued && waited > QUEUED_LONG {
+                warn!(turn_id = %turn, attempt = k, waited = ?waited, "attempt queued far longer than expected: are runners up?");
+                report.queued_long += 1;
+                counters.queued_long();
+            }
+            return Ok(());
+        }
         recovery::Retry::Reschedule => {}
     }
-    // Owed and nowhere: the outbox must have lost it (e.g. cleared by a bug or a purge).
-    let due = record.next_attempt_due.unwrap_or_else(now);
-    warn!(turn_id = %turn, attempt = k, due = %due, "pending retry was not scheduled; scheduling it");
+    // Owed and nowhere. Attempt 1 goes under its dedup id (a publish that raced this read is
+    // not doubled); a retry for its recorded due time.
+    warn!(turn_id = %turn, attempt = k, due = ?record.next_attempt_due, "owed attempt was not dispatched; dispatching it");
     turns::execute(
         bus,
         record,
         &Effect::DispatchAttempt {
             attempt: k,
-            not_before: Some(due),
+            not_before: record.next_attempt_due,
         },
     )
     .await?;

@@ -2,10 +2,12 @@
 //! coordinator's sweep reads the facts (record, claim, lease, schedule) and does what these say;
 //! the protocol model calls the same functions.
 //!
-//! - effects decided a while ago and still in the outbox are carried out again (idempotent);
+//! - effects decided a while ago and still in the outbox are carried out again (idempotent),
+//!   but for a dispatch, which is looked for where it would be instead (below);
 //! - a current attempt that was claimed and whose lease lapsed, with no exit report on its way,
 //!   was lost with its runner: the sweep fences it out, counts what it landed and reports it;
-//! - a pending retry that is neither scheduled, queued nor claimed is scheduled again.
+//! - an attempt owed (queued, or a pending retry) that is neither scheduled, queued nor claimed
+//!   is dispatched again.
 
 use crate::record::{TurnRecord, TurnState};
 
@@ -16,23 +18,32 @@ pub enum Plan {
     Nothing,
     /// Ended: carry out what is left of its effects, then drop it from the live index.
     Finish,
-    /// Queued or running: is its current attempt alive? ([`judge_attempt`])
+    /// Running: is its current attempt alive? ([`judge_attempt`])
     CheckAttempt { attempt: u32 },
-    /// Pending a retry: is the next attempt on its way? ([`judge_retry`])
-    CheckRetry { attempt: u32 },
+    /// Queued, or pending a retry: is its attempt on its way? ([`judge_retry`])
+    CheckDispatched { attempt: u32 },
 }
 
 /// What the sweep does with `record`. `outbox_stale`: the record was last written more than a
-/// heartbeat ago, so effects still in its outbox were left by a writer that failed after its
-/// compare-and-set; the first value says to carry them out before anything else.
+/// heartbeat ago, so effects still in its outbox may have been left by a writer that failed
+/// after its compare-and-set; the first value says to carry them out before anything else.
+///
+/// A dispatch is never carried out again from here: it stays in the outbox until the attempt
+/// begins (no write clears it, [`crate::lifecycle::Effect::carried_out`]), so replaying it would
+/// publish a queued attempt again at every sweep. The attempt is looked for instead
+/// ([`Plan::CheckDispatched`]) and dispatched again only when it is nowhere.
 pub fn plan(record: &TurnRecord, outbox_stale: bool) -> (bool, Plan) {
-    let leftovers = !record.outbox.is_empty() && (outbox_stale || record.state.is_terminal());
+    let owed = record
+        .outbox
+        .iter()
+        .any(|e| !matches!(e, crate::lifecycle::Effect::DispatchAttempt { .. }));
+    let leftovers = owed && (outbox_stale || record.state.is_terminal());
     let plan = match record.state {
         s if s.is_terminal() => Plan::Finish,
-        TurnState::Queued | TurnState::Running => Plan::CheckAttempt {
+        TurnState::Running => Plan::CheckAttempt {
             attempt: record.attempt,
         },
-        TurnState::PendingRetry => Plan::CheckRetry {
+        TurnState::Queued | TurnState::PendingRetry => Plan::CheckDispatched {
             attempt: record.attempt,
         },
         _ => Plan::Nothing,
@@ -76,15 +87,16 @@ pub fn judge_attempt(claim: Claim, lease: Lease, exit_reported: bool) -> Attempt
     }
 }
 
-/// What the sweep concludes about a pending retry's next attempt.
+/// What the sweep concludes about an attempt owed (queued, or a pending retry).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Retry {
-    /// A runner claimed it (its schedule fired) and may have died before it reported starting:
-    /// judge it as a current attempt.
+    /// A runner claimed it and may have died before it reported starting: judge it as a
+    /// current attempt.
     CheckAttempt,
     /// Scheduled, or fired and waiting in the work queue.
     OnItsWay,
-    /// Owed and nowhere (an outbox lost it): schedule it again, for its recorded due time.
+    /// Owed and nowhere (its dispatcher died before publishing it, or a purge lost it):
+    /// dispatch it again, for its recorded due time.
     Reschedule,
 }
 
@@ -139,5 +151,45 @@ mod tests {
         assert_eq!(judge_retry(false, true, false), Retry::OnItsWay);
         assert_eq!(judge_retry(false, false, true), Retry::OnItsWay);
         assert_eq!(judge_retry(false, false, false), Retry::Reschedule);
+    }
+
+    #[test]
+    fn a_queued_turns_dispatch_is_looked_for_never_replayed() {
+        use crate::lifecycle::{create, Effect, NewTurn};
+        use crate::wire::InboundMessage;
+        let chat = crate::ChatId::new("c").expect("valid");
+        let (mut record, effects) = create(
+            NewTurn {
+                turn: crate::TurnId::for_message(&chat, "m"),
+                message: InboundMessage {
+                    v: 1,
+                    id: "m".into(),
+                    chat,
+                    text: "q".into(),
+                    sender: None,
+                    attachments: vec![],
+                },
+                history: vec![],
+                max_turn_retry: 3,
+                retry_delay: std::time::Duration::from_secs(10),
+                rerun_of: None,
+                created_by: None,
+                admit_now: true,
+            },
+            crate::Timestamp::from_millis(0),
+        );
+        record.outbox = effects;
+        // Replaying the dispatch of a turn waiting in a long queue would publish it again at
+        // every sweep; the sweep looks for it instead.
+        for stale in [false, true] {
+            assert_eq!(
+                plan(&record, stale),
+                (false, Plan::CheckDispatched { attempt: 1 })
+            );
+        }
+        // Any other effect left by a writer that died is carried out once the record is stale.
+        record.outbox.push(Effect::ForwardKill { attempt: 1 });
+        assert!(!plan(&record, false).0);
+        assert!(plan(&record, true).0);
     }
 }

@@ -125,11 +125,8 @@ impl Protocol {
     /// Is the work finished: every message taken, every turn ended and settled, the chat idle?
     pub fn settled(&self, w: &World) -> bool {
         w.inbound.iter().all(|d| *d == Delivery::Acked)
-            && (0..self.turns).all(|t| {
-                w.record(t)
-                    .is_some_and(|r| r.state.is_terminal() && r.outbox.is_empty())
-                    && w.has_final(t)
-            })
+            && (0..self.turns)
+                .all(|t| w.record(t).is_some_and(|r| r.state.is_terminal()) && w.has_final(t))
             && w.live.is_empty()
             && w.chat
                 .as_ref()

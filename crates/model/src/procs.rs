@@ -112,7 +112,7 @@ fn apply(w: &mut World, t: Turn, event: &Event) -> Option<(TurnRecord, Option<Un
         Step::Unchanged(why) => Some((stored.record.clone(), Some(why))),
         Step::Changed { record, effects } => {
             let mut record = *record;
-            record.outbox.extend(effects);
+            record.outbox = lifecycle::next_outbox(&record, &effects);
             if before == turnpike_core::TurnState::Waiting && record.state != before {
                 // Per-chat order: every earlier turn of the chat has ended.
                 if (0..t).any(|u| w.record(u).is_none_or(|r| !r.state.is_terminal())) {
@@ -126,6 +126,16 @@ fn apply(w: &mut World, t: Turn, event: &Event) -> Option<(TurnRecord, Option<Un
             Some((record, None))
         }
     }
+}
+
+/// What an apply leaves to carry out (store/src/outbox.rs `run_owed`): nothing for an ended
+/// turn that has left the live index (its effects were carried out).
+fn owed(w: &World, turn: Turn, applied: (TurnRecord, Option<Unchanged>)) -> Option<Frame> {
+    let (record, unchanged) = applied;
+    if unchanged.is_some() && record.state.is_terminal() && !w.live.contains(&turn) {
+        return None;
+    }
+    Some(outbox(turn, record))
 }
 
 fn outbox(turn: Turn, snapshot: TurnRecord) -> Frame {
@@ -179,8 +189,8 @@ pub(crate) fn step(m: &Protocol, w: &mut World, p: ProcIx, choice: bool) -> bool
             } else {
                 None
             };
-            if let Some((current, _)) = applied {
-                w.procs[p].stack.push(outbox(e.turn, current));
+            if let Some(frame) = applied.and_then(|a| owed(w, e.turn, a)) {
+                w.procs[p].stack.push(frame);
             }
             w.procs[p].job = Some(Job::Event { ev, applied: true });
         }
@@ -198,8 +208,8 @@ pub(crate) fn step(m: &Protocol, w: &mut World, p: ProcIx, choice: bool) -> bool
                     at: NOW,
                 },
             };
-            if let Some((current, _)) = apply(w, turn, &event) {
-                w.procs[p].stack.push(outbox(turn, current));
+            if let Some(frame) = apply(w, turn, &event).and_then(|a| owed(w, turn, a)) {
+                w.procs[p].stack.push(frame);
             }
             w.procs[p].job = Some(Job::Kill {
                 turn,

@@ -247,14 +247,18 @@ pub enum SweepPhase {
 pub enum InboundPhase {
     Create,
     Join,
-    Taken,
+    /// The message of an ended turn counted taken; `unlist`: this replay listed it again.
+    Taken {
+        unlist: bool,
+    },
     Ack,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 #[allow(clippy::large_enum_variant)]
 pub enum Frame {
-    /// Carrying out `snapshot`'s outbox: effect `i`, its sub-step `sub`; then clear them.
+    /// Carrying out `snapshot`'s outbox: effect `i`, its sub-step `sub`; then, for an ended
+    /// turn, leaving the live index.
     Outbox {
         turn: Turn,
         snapshot: TurnRecord,

@@ -1,9 +1,14 @@
 //! The effect executor: carrying out what core decided for a turn (the effects in its outbox:
-//! dispatch, notices, kills, the chat's next turn), then clearing them from the stored outbox.
-//! Every effect is idempotent, so the sweep may carry out an outbox again after a crash.
+//! dispatch, notices, kills, the chat's next turn). Every effect is idempotent, so the sweep may
+//! carry out an outbox again after a crash.
+//!
+//! Carrying out an outbox writes nothing to the record: an effect leaves the outbox with the
+//! record's next write once the record proves it done (`Effect::carried_out`: a dispatch when
+//! its attempt began), and an ended turn's outbox stays as it is, its removal from the live
+//! index saying its effects were carried out (the sweep reads only listed turns).
 
-use crate::turns::{apply_event_from, encode, load, Applied, ApplyError, Versioned, CAS_ATTEMPTS};
-use async_nats::jetstream::kv::{CreateErrorKind, UpdateErrorKind};
+use crate::turns::{apply_event_from, Applied, ApplyError, Versioned};
+use async_nats::jetstream::kv::CreateErrorKind;
 use bytes::Bytes;
 use tracing::{debug, warn};
 use turnpike_core::lifecycle::{Effect, Event, Unchanged};
@@ -12,24 +17,52 @@ use turnpike_core::wire::{ClaimHolder, ClaimRecord, KillRequest, OutboundItem, O
 use turnpike_core::{TurnId, TurnRecord, FORMAT_VERSION};
 use turnpike_jetstream::{now, Bus, BusError, Publish};
 
-/// Carry out every effect in the record's outbox, then remove those from the stored outbox
-/// (compare-and-set; effects added meanwhile by another writer stay for it to run).
+/// Carry out every effect in the record's outbox; if the turn ended, then drop it from the live
+/// index.
 ///
 /// Ending a turn releases its chat; the chat's next turn is admitted and its outbox carried out
-/// before this outbox is cleared, so a crash in between leaves this turn's `Ended` to be carried
-/// out again (by the sweep), which releases the next turn again: never a chat left waiting. The
-/// chain of turns is walked in a loop ([`admit_chain`]), not by recursing from an effect.
+/// before this turn leaves the index, so a crash in between leaves this turn's `Ended` to be
+/// carried out again (by the sweep), which releases the next turn again: never a chat left
+/// waiting. The chain of turns is walked in a loop ([`admit_chain`]), not by recursing from an
+/// effect.
 pub async fn run_outbox(bus: &Bus, current: Versioned) -> Result<Versioned, ApplyError> {
     if current.record.outbox.is_empty() {
         return Ok(current);
     }
-    let done = current.record.outbox.clone();
     let mut next = Vec::new();
-    for effect in &done {
+    for effect in &current.record.outbox {
         next.extend(execute_own(bus, &current.record, effect).await?);
     }
     admit_chain(bus, next).await?;
-    clear_outbox(bus, current, &done).await
+    if current.record.state.is_terminal() {
+        unlist_live(bus, &current.record.turn).await?;
+    }
+    Ok(current)
+}
+
+/// Carry out what an apply left owed: the outbox of a record it changed; of one it did not
+/// change, too (a writer may have died after its write), unless the turn ended and has left the
+/// live index, whose effects were carried out already: a late duplicate event must not send its
+/// notice again once the stream's duplicate window is past.
+pub async fn run_owed(bus: &Bus, applied: Applied) -> Result<Versioned, ApplyError> {
+    let current = match applied {
+        Applied::Changed { current, .. } => return run_outbox(bus, current).await,
+        Applied::Unchanged(_, current) => current,
+    };
+    if current.record.state.is_terminal() && !is_listed(bus, &current.record.turn).await? {
+        return Ok(current);
+    }
+    run_outbox(bus, current).await
+}
+
+/// Is the turn in the live index (not ended, or ended with effects perhaps still owed)?
+pub async fn is_listed(bus: &Bus, turn: &TurnId) -> Result<bool, BusError> {
+    let entry = bus
+        .live
+        .entry(turn.as_str())
+        .await
+        .map_err(|e| BusError::kv(format!("read live index for {turn}"), e))?;
+    Ok(entry.is_some_and(|e| !e.value.is_empty()))
 }
 
 /// The chat's next turn, released by a turn's end, to be admitted with the chat's history.
@@ -39,59 +72,6 @@ struct NextTurn {
     history: Vec<turnpike_core::wire::HistoryEntry>,
     /// Its record as last written, if this process wrote it (the admission then needs no read).
     known: Option<Versioned>,
-}
-
-/// Remove `done` from the stored outbox of `current`'s turn; unlist the turn if it ended.
-async fn clear_outbox(
-    bus: &Bus,
-    mut current: Versioned,
-    done: &[Effect],
-) -> Result<Versioned, ApplyError> {
-    if done.is_empty() {
-        return Ok(current);
-    }
-    for _ in 0..CAS_ATTEMPTS {
-        let mut record = current.record.clone();
-        record.outbox.retain(|e| !done.contains(e));
-        match bus
-            .turns
-            .update(
-                record.turn.as_str(),
-                encode(bus, &record)?,
-                current.revision,
-            )
-            .await
-        {
-            Ok(revision) => {
-                // Unlisted only once its outbox is cleared: a crash in between leaves it listed,
-                // and the sweep finishes it (model: a crash after the unlisting left an outbox
-                // nobody would ever clear).
-                if done.iter().any(|e| matches!(e, Effect::Ended { .. })) {
-                    unlist_live(bus, &record.turn).await?;
-                }
-                return Ok(Versioned { record, revision });
-            }
-            Err(e)
-                if e.kind() == UpdateErrorKind::WrongLastRevision
-                    || turnpike_jetstream::lost_cas(&e) =>
-            {
-                current = load(bus, &record.turn)
-                    .await?
-                    .ok_or_else(|| ApplyError::UnknownTurn(record.turn.clone()))?;
-                if !current.record.outbox.iter().any(|e| done.contains(e)) {
-                    return Ok(current);
-                }
-            }
-            Err(e) => {
-                return Err(BusError::kv(format!("clear outbox of {}", record.turn), e).into())
-            }
-        }
-    }
-    Err(BusError::kv(
-        format!("clear outbox of {}", current.record.turn),
-        format!("still conflicting after {CAS_ATTEMPTS} tries"),
-    )
-    .into())
 }
 
 /// Let a waiting turn start, with the chat's history as it is now, and carry out its outbox
@@ -115,31 +95,20 @@ pub async fn admit(
 }
 
 /// Admit each released turn and carry out its outbox; a turn that ends on the way releases the
-/// next, which joins the work list. The outboxes are cleared afterwards, the last turn's first
-/// (as [`run_outbox`] explains). A failure of one turn's own (not the bus) is logged: it must not
-/// stop the chat's order for the others.
+/// next, which joins the work list. A failure of one turn's own (not the bus) is logged: it must
+/// not stop the chat's order for the others.
 async fn admit_chain(bus: &Bus, mut work: Vec<NextTurn>) -> Result<(), BusError> {
-    let mut started = Vec::new();
     while let Some(NextTurn {
         turn,
         history,
         known,
     }) = work.pop()
     {
-        let Some((turn, admitted)) = admit_one(bus, turn, history, known).await? else {
+        let Some((_, admitted)) = admit_one(bus, turn, history, known).await? else {
             continue;
         };
-        let done = admitted.record.outbox.clone();
-        for effect in &done {
+        for effect in &admitted.record.outbox {
             work.extend(execute_own(bus, &admitted.record, effect).await?);
-        }
-        started.push((turn, admitted, done));
-    }
-    while let Some((turn, admitted, done)) = started.pop() {
-        match clear_outbox(bus, admitted, &done).await {
-            Ok(_) => {}
-            Err(ApplyError::Bus(e)) => return Err(e),
-            Err(e) => warn!(turn_id = %turn, error = %e, "could not start the chat's next turn"),
         }
     }
     Ok(())

@@ -9,7 +9,7 @@ use turnpike_core::lifecycle::{self, Effect, Event, Step, TransitionError, Uncha
 use turnpike_core::{TurnId, TurnRecord};
 use turnpike_jetstream::{decode_kv, now, Bus, BusError};
 
-pub use crate::outbox::{admit, execute, run_outbox, unlist_live};
+pub use crate::outbox::{admit, execute, is_listed, run_outbox, run_owed, unlist_live};
 
 /// A record and the KV revision it was read at.
 #[derive(Debug, Clone)]
@@ -94,7 +94,7 @@ pub(crate) fn encode(bus: &Bus, record: &TurnRecord) -> Result<Bytes, BusError> 
     Ok(Bytes::from(bus.codec.encode(record)?))
 }
 
-/// Create a turn in its chat: the record (waiting), the live index, then its place in the chat's
+/// Create a turn in its chat: the live index, the record (waiting), then its place in the chat's
 /// order; if it is the chat's live turn it is admitted at once (attempt 1 dispatched). Every step
 /// is idempotent, so a replayed inbound message (or a crash half-way) only completes what is
 /// missing. Returns the record and whether this call created it.
@@ -109,11 +109,18 @@ pub async fn create_in_chat(
 ) -> Result<(Versioned, bool), ApplyError> {
     let turn = record.turn.clone();
     let chat = record.chat.clone();
-    // Into the live index first: a turn is never live without being findable by the sweep.
-    bus.live
-        .put(turn.as_str(), Bytes::from(chat.to_string()))
+    // Into the live index first: a turn is never live without being findable by the sweep. A
+    // create, not a put: whether the turn was listed already tells a replay below whether its
+    // end's effects may still be owed.
+    let listed_here = match bus
+        .live
+        .create(turn.as_str(), Bytes::from(chat.to_string()))
         .await
-        .map_err(|e| BusError::kv(format!("index live turn {turn}"), e))?;
+    {
+        Ok(_) => true,
+        Err(e) if e.kind() == CreateErrorKind::AlreadyExists => false,
+        Err(e) => return Err(BusError::kv(format!("index live turn {turn}"), e).into()),
+    };
     let (current, created) = create(bus, record).await?;
     if current.record.state.is_terminal() {
         // A replay of a message whose turn already ended: nothing more to do, but to make sure
@@ -121,10 +128,15 @@ pub async fn create_in_chat(
         // killed first), so the chat's next ones go. Found by the model checker: killed before
         // its join, joined, the dispatcher died before admitting it, and the replay left the
         // ended turn the chat's live one for good. `admit` of an ended turn releases it.
-        let _ = run_outbox(bus, current.clone()).await?;
         admit(bus, &turn, Vec::new(), None).await?;
         if let Some(seq) = inbound_seq {
             crate::chats::inbound_taken(bus, &chat, seq).await?;
+        }
+        // Its end's effects: if it was still listed, they may be owed, and whoever unlists it
+        // carries them out (the sweep, if its coordinator died). If it was not, they were
+        // carried out: unlist it again, or the sweep would carry them out a second time.
+        if listed_here {
+            unlist_live(bus, &turn).await?;
         }
         return Ok((current, created));
     }
@@ -200,7 +212,7 @@ pub async fn apply_event_from(
             Step::Unchanged(why) => return Ok(Applied::Unchanged(why, current)),
             Step::Changed { record, effects } => {
                 let mut record = *record;
-                record.outbox.extend(effects.iter().cloned());
+                record.outbox = lifecycle::next_outbox(&record, &effects);
                 match bus
                     .turns
                     .update(turn.as_str(), encode(bus, &record)?, current.revision)

@@ -668,6 +668,34 @@ fn duplicate_late_superseded_and_future_events() {
 }
 
 #[test]
+fn a_dispatch_leaves_the_outbox_with_the_write_that_says_its_attempt_began() {
+    let dispatch = Effect::DispatchAttempt {
+        attempt: 1,
+        not_before: None,
+    };
+    let mut admitted = new_turn(3);
+    admitted.outbox = vec![dispatch.clone()];
+    assert!(!dispatch.carried_out(&admitted), "not before it began");
+    let started = Event::Started {
+        attempt: 1,
+        runner: runner(0),
+        published_at: at(1),
+    };
+    let Step::Changed { record, effects } = apply(&admitted, &started, at(2)).expect("starts")
+    else {
+        panic!("starting changes the record")
+    };
+    assert!(dispatch.carried_out(&record));
+    assert_eq!(next_outbox(&record, &effects), vec![]);
+    // An ended turn keeps its effects: only leaving the live index says they were carried out.
+    let (ended, effects) = run_attempt(&new_turn(3), 1, ExitClass::Clean, 1, at(3));
+    assert!(
+        effects.iter().all(|e| !e.carried_out(&ended)),
+        "{effects:?}"
+    );
+}
+
+#[test]
 fn record_round_trips_in_both_codecs() {
     use crate::codec::Codec;
     let (r, effects) = run_attempt(&new_turn(3), 1, ExitClass::OomKilled, 0, at(1));
@@ -715,6 +743,10 @@ fn arb_event() -> impl Strategy<Value = Event> {
 fn check_trajectory(n: u32, events: &[Event]) -> Result<TurnRecord, TestCaseError> {
     let limit = n.max(1);
     let mut r = new_turn(n);
+    r.outbox = vec![Effect::DispatchAttempt {
+        attempt: 1,
+        not_before: None,
+    }];
     let mut notices_sent = 0;
     let mut ended_count = 0;
     let mut terminal: Option<TurnState> = None;
@@ -727,6 +759,8 @@ fn check_trajectory(n: u32, events: &[Event]) -> Result<TurnRecord, TestCaseErro
             Err(_) | Ok(Step::Unchanged(_)) => continue,
             Ok(Step::Changed { record, effects }) => {
                 r = *record;
+                // Stored as the shells store it: no write ever clears the outbox.
+                r.outbox = next_outbox(&r, &effects);
                 if let Some(t) = terminal {
                     prop_assert!(false, "terminal {t:?} changed by {ev:?}");
                 }
@@ -777,6 +811,31 @@ fn check_trajectory(n: u32, events: &[Event]) -> Result<TurnRecord, TestCaseErro
             prop_assert!(a.replies.len() as u32 <= a.messages_landed, "{a:?}");
         }
         prop_assert!(r.attempts.len() as u32 <= limit);
+        // The outbox without clears: what is owed stays until proven done, nothing else piles up.
+        let owed = Effect::DispatchAttempt {
+            attempt: r.attempt,
+            not_before: r.next_attempt_due,
+        };
+        if matches!(r.state, TurnState::Queued | TurnState::PendingRetry) {
+            prop_assert!(
+                r.outbox.contains(&owed),
+                "owed dispatch lost: {:?}",
+                r.outbox
+            );
+        }
+        if r.state.is_terminal() {
+            prop_assert!(
+                r.outbox.contains(&Effect::Ended { state: r.state }),
+                "ended turn's effects lost: {:?}",
+                r.outbox
+            );
+        }
+        prop_assert!(
+            r.outbox.iter().all(|e| !e.carried_out(&r)),
+            "{:?}",
+            r.outbox
+        );
+        prop_assert!(r.outbox.len() <= 6, "outbox piles up: {:?}", r.outbox);
         prop_assert!(notices_sent <= 1, "more than one notice");
     }
     prop_assert_eq!(ended_count, u32::from(r.state.is_terminal()));

@@ -8,8 +8,9 @@ pub(super) fn inbound_step(m: &Protocol, w: &mut World, p: ProcIx, t: Turn, phas
     };
     match phase {
         InboundPhase::Create => {
-            // Into the live index first, then the record (a create: a replay finds it).
-            w.live.insert(t);
+            // Into the live index first (a create: whether it was listed tells a replay whether
+            // its end's effects may be owed), then the record (a create: a replay finds it).
+            let listed_here = w.live.insert(t);
             if w.turns[t].is_none() {
                 let (record, _) = lifecycle::create(new_turn(m, t), NOW);
                 w.turns[t] = Some(Stored { record });
@@ -24,8 +25,12 @@ pub(super) fn inbound_step(m: &Protocol, w: &mut World, p: ProcIx, t: Turn, phas
                     turn: t,
                     history: Vec::new(),
                 });
-                w.procs[p].stack.push(outbox(t, record));
-                next(w, InboundPhase::Taken);
+                next(
+                    w,
+                    InboundPhase::Taken {
+                        unlist: listed_here,
+                    },
+                );
             } else {
                 next(w, InboundPhase::Join);
             }
@@ -37,9 +42,14 @@ pub(super) fn inbound_step(m: &Protocol, w: &mut World, p: ProcIx, t: Turn, phas
             }
             next(w, InboundPhase::Ack);
         }
-        InboundPhase::Taken => {
+        InboundPhase::Taken { unlist } => {
             let c = w.chat.get_or_insert_with(|| chat::empty(&m.ids.chat));
             chat::inbound_taken(c, seq(t));
+            // Not listed before the replay: its effects were carried out; unlisted again, or
+            // the sweep would carry them out a second time.
+            if unlist {
+                w.live.remove(&t);
+            }
             next(w, InboundPhase::Ack);
         }
         InboundPhase::Ack => {

@@ -35,25 +35,13 @@ pub(super) fn frame_step(m: &Protocol, w: &mut World, p: ProcIx, frame: Frame) -
         } => {
             let Some(effect) = snapshot.outbox.get(i).cloned() else {
                 if i > snapshot.outbox.len() {
-                    // Cleared: an ended turn leaves the live index.
+                    // Carried out: an ended turn leaves the live index.
                     w.live.remove(&turn);
                     return pop(w, p);
                 }
-                // All carried out: clear them from the stored outbox (compare-and-set, retried).
-                let mut cleared = false;
-                if let Some(stored) = w.turns[turn].as_mut() {
-                    let before = stored.record.outbox.len();
-                    stored
-                        .record
-                        .outbox
-                        .retain(|e| !snapshot.outbox.contains(e));
-                    cleared = stored.record.outbox.len() != before;
-                }
-                let ended = snapshot
-                    .outbox
-                    .iter()
-                    .any(|e| matches!(e, Effect::Ended { .. }));
-                if !(cleared && ended) {
+                // All carried out; nothing is written back (the record's next write drops what
+                // it proves done). An ended turn's next step is leaving the live index.
+                if !snapshot.state.is_terminal() {
                     return pop(w, p);
                 }
                 w.procs[p].stack[top] = Frame::Outbox {

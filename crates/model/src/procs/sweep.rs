@@ -29,7 +29,11 @@ pub(super) fn sweep_step(
         SweepPhase::Plan { snapshot, stale } => {
             let (leftovers, _) = recovery::plan(&snapshot, stale);
             if leftovers {
-                w.procs[p].stack.push(outbox(t, snapshot.clone()));
+                // A dispatch is looked for below, never carried out again from here.
+                let mut owed = snapshot.clone();
+                owed.outbox
+                    .retain(|e| !matches!(e, Effect::DispatchAttempt { .. }));
+                w.procs[p].stack.push(outbox(t, owed));
             }
             set(w, SweepPhase::Judge { snapshot });
         }
@@ -40,7 +44,7 @@ pub(super) fn sweep_step(
                 set(w, SweepPhase::Unlist);
             }
             Plan::CheckAttempt { attempt } => judge_attempt(m, w, p, t, attempt),
-            Plan::CheckRetry { attempt } => {
+            Plan::CheckDispatched { attempt } => {
                 let key = (t, attempt);
                 let claimed = w.claims.contains_key(&key);
                 if claimed && m.bugs.trust_any_retry_claim {
@@ -52,7 +56,12 @@ pub(super) fn sweep_step(
                     recovery::Retry::CheckAttempt => judge_attempt(m, w, p, t, attempt),
                     recovery::Retry::OnItsWay => done(w),
                     recovery::Retry::Reschedule => {
-                        w.schedules.insert(key);
+                        // Attempt 1 under its dedup id; a retry for its due time.
+                        if snapshot.next_attempt_due.is_none() {
+                            w.publish_work(t, attempt, true);
+                        } else {
+                            w.schedules.insert(key);
+                        }
                         done(w);
                     }
                 }
@@ -80,8 +89,8 @@ pub(super) fn sweep_step(
                 attempt,
                 report: report(ExitClass::RunnerLost, landed),
             };
-            if let Some((current, _)) = apply(w, t, &event) {
-                w.procs[p].stack.push(outbox(t, current));
+            if let Some(frame) = apply(w, t, &event).and_then(|a| owed(w, t, a)) {
+                w.procs[p].stack.push(frame);
             }
             done(w);
         }

@@ -184,7 +184,7 @@ pub async fn count(stack: &Stack, n: usize, tag: &str) -> Result<Mix> {
         seen
     });
     let result = burst(stack, n, "reply:ok", tag).await;
-    // Let the last turns' trailing writes (outbox clears, live purges) land.
+    // Let the last turns' trailing writes (chat releases, live purges) land.
     tokio::time::sleep(std::time::Duration::from_millis(500)).await;
     stack.bus.client.flush().await?;
     let _ = stop.send(());

@@ -106,7 +106,7 @@ pub(crate) async fn idle_latency(out: &mut String, n: usize) -> Result<()> {
     writeln!(
         out,
         "\nThe floor is the whole turn's operations (the final status comes before only the \
-         release, the outbox clear, the unlisting and the acks); the reply needs about half of \
+         release, the unlisting and the acks); the reply needs about half of \
          them. The floor has no agent, no process start and no hand-offs between roles."
     )?;
     Ok(())

@@ -164,31 +164,3 @@ async fn an_agent_failure_with_a_huge_error_line_still_fails_the_turn() {
     );
     p.stop().await;
 }
-
-/// A run shorter than `announce_after` sends no Started event: one event and one record write
-/// less per turn. Its exit report still says who ran the attempt and when it started. (Fails
-/// when the runner reports every start at once: two events.)
-#[tokio::test]
-async fn a_short_run_reports_only_its_exit_which_says_who_ran_it() {
-    // Far longer than the agent runs, on any machine: no timing decides this test.
-    let p = Pipeline::start(AGENT, |c| c.announce_after = Duration::from_secs(600)).await;
-    let turn = send(&p.bus, "short", "m-1", "reply:hi").await;
-    let record = wait_ended(&p.bus, &turn, T).await;
-    assert_eq!(record.state, TurnState::Done);
-    let a = &record.attempts[0];
-    assert!(a.runner.is_some(), "{a:?}");
-    assert!(a.started_at.is_some(), "{a:?}");
-    let events = p
-        .bus
-        .js
-        .get_stream(turnpike_core::subjects::STREAM_EVENTS)
-        .await
-        .expect("events stream")
-        .info()
-        .await
-        .expect("info")
-        .state
-        .messages;
-    assert_eq!(events, 1, "only the exit report");
-    p.stop().await;
-}

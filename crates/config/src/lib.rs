@@ -114,11 +114,6 @@ pub struct Config {
     /// Time between the polite stop and the kill, for time limits, drains and operator kills.
     #[serde(with = "units::duration")]
     pub stop_grace: Duration,
-    /// How long an agent runs before its runner reports the attempt started (the turn shows
-    /// `running`). A shorter run reports only its exit, which says who ran it and when: one event
-    /// and one record write less per turn.
-    #[serde(with = "units::duration")]
-    pub announce_after: Duration,
     /// Largest attachment accepted.
     pub attachment_max_bytes: ByteSize,
     /// Inbound and bot messages kept as history for a new turn.
@@ -241,7 +236,6 @@ impl Default for Config {
             network_mode: "none".into(),
             agent_user: "65534:65534".into(),
             stop_grace: Duration::from_secs(10),
-            announce_after: Duration::from_secs(1),
             attachment_max_bytes: ByteSize(10 * 1024 * 1024),
             history_limit: 50,
             history_max_bytes: ByteSize(256 * 1024),

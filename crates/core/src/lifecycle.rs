@@ -295,12 +295,9 @@ pub fn apply(record: &TurnRecord, event: &Event, now: Timestamp) -> Result<Step,
             {
                 a.replies.clone_from(&report.replies);
             }
-            // A run too short to send its Started event (or one whose Started comes later) is
-            // told by the report: who ran it, and when it started by the runner's clock.
             if let (None, Some(start)) = (&a.runner, &report.started) {
                 a.runner = Some(start.runner.clone());
                 a.published_at = Some(start.published_at);
-                a.started_at = a.started_at.or(start.at);
             }
             a.exit = Some(report.clone());
             // The death is dated by `now`, the time of the event that reported it: the shells

@@ -149,8 +149,6 @@ pub enum Action {
     /// A runner's next request (lease, claim, fence, report, restart), or its run's end once stopped.
     Advance(RunnerIx),
     Start(RunnerIx),
-    /// The runner publishes the attempt's Started event (only if the agent runs a while).
-    Announce(RunnerIx),
     Say(RunnerIx),
     /// The agent exits by itself: cleanly or killed by the OOM killer.
     Exit {
@@ -331,7 +329,6 @@ impl Protocol {
                     out.extend([
                         Action::Advance(r),
                         Action::Start(r),
-                        Action::Announce(r),
                         Action::Say(r),
                         Action::Exit {
                             runner: r,
@@ -422,7 +419,6 @@ impl Protocol {
             Action::Take { runner, msg } => runner::take(self, &mut w, runner, msg),
             Action::Advance(r) => runner::advance(self, &mut w, r),
             Action::Start(r) => runner::start(self, &mut w, r),
-            Action::Announce(r) => runner::announce(self, &mut w, r),
             Action::Say(r) => runner::say(self, &mut w, r),
             Action::Exit { runner, oom } => runner::exit(self, &mut w, runner, oom),
             Action::HearKill(r) => runner::hear_kill(&mut w, r),

@@ -99,7 +99,6 @@ pub(crate) fn advance(m: &Protocol, w: &mut World, r: RunnerIx) -> bool {
                 attempt,
                 fence: seq,
                 started: false,
-                announced: false,
                 said: 0,
                 awaiting: false,
                 uncertain: false,
@@ -235,20 +234,6 @@ pub(crate) fn start(_m: &Protocol, w: &mut World, r: RunnerIx) -> bool {
     run.started = true;
     let (turn, attempt) = (run.turn, run.attempt);
     *w.ghost.starts.entry((turn, attempt)).or_insert(0) += 1;
-    true
-}
-
-/// The runner says the attempt started, once its agent has run a while (at any moment of the
-/// run, or never if it ends first: the model lets it happen anywhere in between).
-pub(crate) fn announce(_m: &Protocol, w: &mut World, r: RunnerIx) -> bool {
-    let Some(run) = running(w, r) else {
-        return false;
-    };
-    if !run.started || run.announced {
-        return false;
-    }
-    run.announced = true;
-    let (turn, attempt) = (run.turn, run.attempt);
     w.publish_event(turn, attempt, r, EventKind::Started);
     true
 }

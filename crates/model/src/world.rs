@@ -161,9 +161,6 @@ pub struct Run {
     pub attempt: Attempt,
     pub fence: u64,
     pub started: bool,
-    /// Its Started event published: a runner says so only once the agent has run a while, so a
-    /// short run never does (its exit report says who started it).
-    pub announced: bool,
     pub said: u32,
     /// A bot message published, its acknowledgement not yet seen.
     pub awaiting: bool,

@@ -79,10 +79,9 @@ async fn run(inner: Arc<Inner>, msg: async_nats::jetstream::Message, work: WorkI
     )
     .await;
     if let Some(mut report) = fenced {
-        report.started.get_or_insert(AttemptStart {
+        report.started = Some(AttemptStart {
             runner: inner.id.clone(),
             published_at,
-            at: None,
         });
         report_exit(&inner, &work, report).await;
     }
@@ -180,33 +179,10 @@ async fn run_fenced(
     });
 
     let mut lander = crate::land::Lander::new(inner, work, fence_seq);
-    // When the agent started, and the moment to say so if it still runs then.
-    let mut agent_started: Option<Timestamp> = None;
-    let announce = tokio::time::sleep(std::time::Duration::MAX);
-    tokio::pin!(announce);
-    let mut announced = false;
-    loop {
-        tokio::select! {
-            chunk = out_rx.recv() => match chunk {
-                None => break,
-                Some(Output::Started) => {
-                    info!("attempt started");
-                    agent_started = Some(now());
-                    announce
-                        .as_mut()
-                        .reset(tokio::time::Instant::now() + inner.config.announce_after);
-                }
-                Some(Output::Stdout(bytes)) => lander.stdout(&bytes, &stop_tx).await,
-                Some(Output::Stderr(bytes)) => {
-                    for line in String::from_utf8_lossy(&bytes).lines() {
-                        debug!(stderr = line, "agent");
-                    }
-                }
-            },
-            // Still running after `announce_after`: the turn is `running` for operators. A
-            // shorter run sends no Started event; its exit report carries the start.
-            () = &mut announce, if agent_started.is_some() && !announced => {
-                announced = true;
+    while let Some(chunk) = out_rx.recv().await {
+        match chunk {
+            // Only now is the turn running: the agent has started.
+            Output::Started => {
                 emit(
                     inner,
                     work,
@@ -214,6 +190,13 @@ async fn run_fenced(
                     RunnerEventKind::Started { published_at },
                 )
                 .await;
+                info!("attempt started");
+            }
+            Output::Stdout(bytes) => lander.stdout(&bytes, &stop_tx).await,
+            Output::Stderr(bytes) => {
+                for line in String::from_utf8_lossy(&bytes).lines() {
+                    debug!(stderr = line, "agent");
+                }
             }
         }
     }
@@ -247,11 +230,7 @@ async fn run_fenced(
         messages_landed: landing.landed,
         replies: landing.replies,
         ended_at: now(),
-        started: agent_started.map(|at| AttemptStart {
-            runner: inner.id.clone(),
-            published_at,
-            at: Some(at),
-        }),
+        started: None,
     };
     if landing.uncertain {
         crate::claim::settle_uncertain(inner, work, &mut report).await?;

@@ -17,9 +17,6 @@ pub fn test_config(server: &NatsServer, agent: &str) -> Config {
         agent_command: Some(agent.to_owned()),
         retry_delay: Duration::from_millis(500),
         stop_grace: Duration::from_secs(2),
-        // Tests that wait to see a turn running get its Started event at once, whatever their
-        // agent's pace; the default's short-run path has its own test.
-        announce_after: Duration::ZERO,
         lease: Duration::from_secs(4),
         heartbeat: Duration::from_secs(1),
         ..Config::default()

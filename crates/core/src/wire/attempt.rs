@@ -189,10 +189,6 @@ pub struct ExitReport {
 pub struct AttemptStart {
     pub runner: RunnerId,
     pub published_at: Timestamp,
-    /// When the agent started, by the runner's clock: for operators' views of a run too short
-    /// to have sent a Started event (none from older runners).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub at: Option<Timestamp>,
 }
 
 impl ExitReport {

@@ -132,7 +132,6 @@ fn every_message_round_trips_in_both_codecs() {
                     started: Some(AttemptStart {
                         runner: runner(),
                         published_at: at,
-                        at: Some(at),
                     }),
                 },
             }),

@@ -89,21 +89,18 @@ async fn sweep_turn(
     let record = &current.record;
     let stale = now().since(record.updated_at) > config.heartbeat;
     let (leftovers, plan) = recovery::plan(record, stale);
-    if leftovers {
+    if !leftovers.is_empty() {
         // Effects decided a while ago and still not confirmed (a kill to forward, say): the
         // writer failed after its CAS. They are idempotent; carry them out now rather than wait
-        // for the turn's next event. A dispatch is not among them: it is looked for below.
+        // for the turn's next event.
         let mut owed = current.clone();
-        owed.record
-            .outbox
-            .retain(|e| !matches!(e, Effect::DispatchAttempt { .. }));
+        owed.record.outbox = leftovers;
         turns::run_outbox(bus, owed).await?;
     }
     match plan {
         recovery::Plan::Finish => {
-            // Ended, but its effects (Ended drops it from this index) did not all happen.
+            // Ended, but its effects did not all happen: carried out, it leaves this index.
             turns::run_outbox(bus, current.clone()).await?;
-            let _ = turns::unlist_live(bus, turn).await;
             report.cleaned += 1;
         }
         recovery::Plan::CheckAttempt { .. } => {

@@ -9,6 +9,7 @@
 //! - an attempt owed (queued, or a pending retry) that is neither scheduled, queued nor claimed
 //!   is dispatched again.
 
+use crate::lifecycle::Effect;
 use crate::record::{TurnRecord, TurnState};
 
 /// What to look at for one live turn.
@@ -24,20 +25,16 @@ pub enum Plan {
     CheckDispatched { attempt: u32 },
 }
 
-/// What the sweep does with `record`. `outbox_stale`: the record was last written more than a
-/// heartbeat ago, so effects still in its outbox may have been left by a writer that failed
-/// after its compare-and-set; the first value says to carry them out before anything else.
+/// What the sweep does with `record`: the effects to carry out again first (none unless
+/// `outbox_stale`: the record was last written more than a heartbeat ago, so effects still in its
+/// outbox may have been left by a writer that failed after its compare-and-set), then the plan.
 ///
 /// A dispatch is never carried out again from here: it stays in the outbox until the attempt
 /// begins (no write clears it, [`crate::lifecycle::Effect::carried_out`]), so replaying it would
 /// publish a queued attempt again at every sweep. The attempt is looked for instead
-/// ([`Plan::CheckDispatched`]) and dispatched again only when it is nowhere.
-pub fn plan(record: &TurnRecord, outbox_stale: bool) -> (bool, Plan) {
-    let owed = record
-        .outbox
-        .iter()
-        .any(|e| !matches!(e, crate::lifecycle::Effect::DispatchAttempt { .. }));
-    let leftovers = owed && (outbox_stale || record.state.is_terminal());
+/// ([`Plan::CheckDispatched`]) and dispatched again only when it is nowhere. An ended turn's
+/// effects are all carried out by [`Plan::Finish`].
+pub fn plan(record: &TurnRecord, outbox_stale: bool) -> (Vec<Effect>, Plan) {
     let plan = match record.state {
         s if s.is_terminal() => Plan::Finish,
         TurnState::Running => Plan::CheckAttempt {
@@ -48,7 +45,17 @@ pub fn plan(record: &TurnRecord, outbox_stale: bool) -> (bool, Plan) {
         },
         _ => Plan::Nothing,
     };
-    (leftovers && plan != Plan::Finish, plan)
+    let leftovers = if outbox_stale && plan != Plan::Finish {
+        record
+            .outbox
+            .iter()
+            .filter(|e| !matches!(e, Effect::DispatchAttempt { .. }))
+            .cloned()
+            .collect()
+    } else {
+        Vec::new()
+    };
+    (leftovers, plan)
 }
 
 /// Who holds an attempt's claim, as the claims bucket says.
@@ -184,12 +191,15 @@ mod tests {
         for stale in [false, true] {
             assert_eq!(
                 plan(&record, stale),
-                (false, Plan::CheckDispatched { attempt: 1 })
+                (vec![], Plan::CheckDispatched { attempt: 1 })
             );
         }
         // Any other effect left by a writer that died is carried out once the record is stale.
         record.outbox.push(Effect::ForwardKill { attempt: 1 });
-        assert!(!plan(&record, false).0);
-        assert!(plan(&record, true).0);
+        assert!(plan(&record, false).0.is_empty());
+        assert_eq!(
+            plan(&record, true).0,
+            vec![Effect::ForwardKill { attempt: 1 }]
+        );
     }
 }

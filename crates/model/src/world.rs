@@ -240,7 +240,6 @@ pub enum SweepPhase {
         runner_seq: Option<u64>,
         counted: Option<u32>,
     },
-    Unlist,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

@@ -26,9 +26,6 @@ use turnpike_jetstream::{now, Bus, BusError, Publish};
 /// waiting. The chain of turns is walked in a loop ([`admit_chain`]), not by recursing from an
 /// effect.
 pub async fn run_outbox(bus: &Bus, current: Versioned) -> Result<Versioned, ApplyError> {
-    if current.record.outbox.is_empty() {
-        return Ok(current);
-    }
     let mut next = Vec::new();
     for effect in &current.record.outbox {
         next.extend(execute_own(bus, &current.record, effect).await?);
@@ -104,7 +101,7 @@ async fn admit_chain(bus: &Bus, mut work: Vec<NextTurn>) -> Result<(), BusError>
         known,
     }) = work.pop()
     {
-        let Some((_, admitted)) = admit_one(bus, turn, history, known).await? else {
+        let Some(admitted) = admit_one(bus, turn, history, known).await? else {
             continue;
         };
         for effect in &admitted.record.outbox {
@@ -115,13 +112,13 @@ async fn admit_chain(bus: &Bus, mut work: Vec<NextTurn>) -> Result<(), BusError>
 }
 
 /// Apply `Admitted` to the chat's next turn; if that turn had already ended, release it and
-/// try the one after. Returns the turn admitted, whose outbox is to be carried out.
+/// try the one after. Returns the record of the turn admitted, whose outbox is to be carried out.
 async fn admit_one(
     bus: &Bus,
     mut turn: TurnId,
     mut history: Vec<turnpike_core::wire::HistoryEntry>,
     mut known: Option<Versioned>,
-) -> Result<Option<(TurnId, Versioned)>, BusError> {
+) -> Result<Option<Versioned>, BusError> {
     loop {
         let admitted = Event::Admitted { history };
         let applied = match apply_event_from(bus, &turn, &admitted, now(), known.take()).await {
@@ -133,7 +130,7 @@ async fn admit_one(
             }
         };
         let Applied::Unchanged(Unchanged::AlreadyEnded { .. }, current) = &applied else {
-            return Ok(Some((turn, applied.current().clone())));
+            return Ok(Some(applied.current().clone()));
         };
         // Ended before it could start (killed between its creation and its joining the chat):
         // it must not hold its chat. Let it go, and admit the chat's next turn instead.

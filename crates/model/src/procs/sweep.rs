@@ -28,11 +28,9 @@ pub(super) fn sweep_step(
         },
         SweepPhase::Plan { snapshot, stale } => {
             let (leftovers, _) = recovery::plan(&snapshot, stale);
-            if leftovers {
-                // A dispatch is looked for below, never carried out again from here.
+            if !leftovers.is_empty() {
                 let mut owed = snapshot.clone();
-                owed.outbox
-                    .retain(|e| !matches!(e, Effect::DispatchAttempt { .. }));
+                owed.outbox = leftovers;
                 w.procs[p].stack.push(outbox(t, owed));
             }
             set(w, SweepPhase::Judge { snapshot });
@@ -40,8 +38,9 @@ pub(super) fn sweep_step(
         SweepPhase::Judge { snapshot } => match recovery::plan(&snapshot, false).1 {
             Plan::Nothing => done(w),
             Plan::Finish => {
+                // Carried out, an ended turn leaves the live index (the outbox frame's last step).
+                done(w);
                 w.procs[p].stack.push(outbox(t, snapshot));
-                set(w, SweepPhase::Unlist);
             }
             Plan::CheckAttempt { attempt } => judge_attempt(m, w, p, t, attempt),
             Plan::CheckDispatched { attempt } => {
@@ -92,10 +91,6 @@ pub(super) fn sweep_step(
             if let Some(frame) = apply(w, t, &event).and_then(|a| owed(w, t, a)) {
                 w.procs[p].stack.push(frame);
             }
-            done(w);
-        }
-        SweepPhase::Unlist => {
-            w.live.remove(&t);
             done(w);
         }
     }

@@ -394,3 +394,108 @@ async fn an_oversize_message_is_refused_with_a_notice() {
         .any(|(_, reason)| reason.contains("1200 bytes")));
     p.stop().await;
 }
+
+/// Writes to the turns bucket so far, every key counted (each write is one stream message).
+async fn turn_writes(bus: &turnpike_jetstream::Bus) -> u64 {
+    let mut stream = bus
+        .js
+        .get_stream("KV_turnpike_turns")
+        .await
+        .expect("turns bucket stream");
+    stream
+        .info()
+        .await
+        .expect("stream info")
+        .state
+        .last_sequence
+}
+
+#[tokio::test]
+async fn an_idle_chats_turn_is_created_admitted_and_a_busy_chats_waits() {
+    // Issue 19: the first message of an idle chat joins it first and is written once, already
+    // admitted; a message for a chat whose turn is live is created waiting and admitted when that
+    // turn ends. Only the dispatcher runs at first, so it is the bucket's only writer.
+    let server = turnpike_testkit::NatsServer::start();
+    let mut config = test_config(&server, AGENT);
+    config.nats_url = server.url();
+    let dispatcher = start_dispatcher(&config).await;
+    let bus = turnpike_jetstream::Bus::connect(&config, "test")
+        .await
+        .expect("bus");
+    let first = send(&bus, "one-write", "w1", "reply:first").await;
+    let r = wait_state(&bus, &first, TurnState::Queued).await;
+    assert_eq!(r.attempt, 1);
+    assert_eq!(
+        turn_writes(&bus).await,
+        1,
+        "the idle chat's turn took one write"
+    );
+    let second = send(&bus, "one-write", "w2", "reply:second").await;
+    wait_state(&bus, &second, TurnState::Waiting).await;
+    assert_eq!(
+        turn_writes(&bus).await,
+        2,
+        "the busy chat's turn is created waiting"
+    );
+    // The rest of the pipeline: both run, in order, the second with the first's reply.
+    let coordinator = start_coordinator(&config).await;
+    let runner = start_runner(&config).await;
+    for t in [&first, &second] {
+        assert_eq!(wait_ended(&bus, t, T).await.state, TurnState::Done, "{t}");
+    }
+    let r2 = wait_ended(&bus, &second, T).await;
+    assert!(
+        r2.history
+            .iter()
+            .any(|h| h.role == Role::Bot && h.text == "first"),
+        "{:?}",
+        r2.history
+    );
+    for role in [runner, coordinator, dispatcher] {
+        role.stop().await;
+    }
+}
+
+#[tokio::test]
+async fn a_dispatcher_that_died_after_joining_an_idle_chat_leaves_a_turn_its_replay_runs_once() {
+    // The window the first write of an idle chat's turn opens: the chat names the turn its live
+    // one, and the record does not exist yet. The message, never acknowledged, comes back; the
+    // replay must create, admit and run the turn once, and the chat must go on to the next.
+    let server = turnpike_testkit::NatsServer::start();
+    let config = test_config(&server, AGENT);
+    let bus = turnpike_jetstream::Bus::connect(&config, "test")
+        .await
+        .expect("bus");
+    let chat = turnpike_core::ChatId::new("died-joining").expect("valid");
+    let msg = turnpike_core::wire::InboundMessage::new(chat.clone(), "d1", "reply:once", None);
+    let ack = turnpike_jetstream::publish_inbound(&bus, &msg)
+        .await
+        .expect("inbound accepted");
+    let turn = msg.turn();
+    let read = turnpike_store::chats::read(&bus, &chat)
+        .await
+        .expect("read");
+    let joined = turnpike_store::chats::join_if_idle(&bus, &chat, &turn, ack.sequence, &read)
+        .await
+        .expect("join");
+    assert!(joined.is_some(), "an idle chat is joined first");
+    assert!(turnpike_store::turns::load(&bus, &turn)
+        .await
+        .expect("load")
+        .is_none());
+    // Now the roles start; the dispatcher gets the message as a redelivery would bring it.
+    let p = Pipeline::start_on(server, config, 1, true).await;
+    let next = send(&p.bus, "died-joining", "d2", "reply:next").await;
+    let r = wait_ended(&p.bus, &turn, T).await;
+    assert_eq!((r.state, r.attempts.len()), (TurnState::Done, 1));
+    let r = wait_ended(&p.bus, &next, T).await;
+    assert_eq!(r.state, TurnState::Done);
+    let replies: Vec<_> = visible_items(&p.bus, "died-joining")
+        .await
+        .into_iter()
+        .filter(|i| i.kind == OutboundKind::Message)
+        .map(|i| i.text)
+        .collect();
+    assert_eq!(replies, ["once", "next"]);
+    p.stop().await;
+}

@@ -208,6 +208,20 @@ pub fn create(new: NewTurn, now: Timestamp) -> (TurnRecord, Vec<Effect>) {
     (record, effects)
 }
 
+/// A new turn's record as created when its chat was idle at its join: the waiting record with
+/// [`Event::Admitted`] applied (attempt 1 owed in its outbox), written once instead of twice.
+/// Anything but a waiting record is returned as it is.
+pub fn admitted_at_creation(record: &TurnRecord, history: Vec<HistoryEntry>) -> TurnRecord {
+    match apply(record, &Event::Admitted { history }, record.created_at) {
+        Ok(Step::Changed { record, effects }) => {
+            let mut record = *record;
+            record.outbox = next_outbox(&record, &effects);
+            record
+        }
+        _ => record.clone(),
+    }
+}
+
 fn admit(r: &mut TurnRecord) -> Vec<Effect> {
     r.state = TurnState::Queued;
     r.attempt = 1;

@@ -4,8 +4,8 @@
 //! requests it makes to JetStream: the dispatcher, coordinators applying runner events, the
 //! recovery sweep, the operator's kill, runners, and the server itself (a bot message landing
 //! or being refused by its fence, a schedule firing, a lease lapsing). Each step that decides
-//! anything calls the same function of `turnpike-core` the real shell calls: `lifecycle::apply`
-//! and `create`, `fence::take/lose/kill/check`, `chat::join/release/in_order`,
+//! anything calls the same function of `turnpike-core` the real shell calls: `lifecycle::apply`,
+//! `create` and `admitted_at_creation`, `fence::take/lose/kill/check`, `chat::join/release/in_order`,
 //! `recovery::plan/judge_attempt/judge_retry`, `exit::classify`. So the model checks the real
 //! decisions, and the shells' order of requests as written down here (see ARCHITECTURE.md for
 //! which function each step stands for).
@@ -48,6 +48,11 @@ pub struct Bugs {
     pub count_before_fence: bool,
     /// A runner reports its own count of landed messages even when a publish's outcome is unknown.
     pub trust_uncertain_count: bool,
+    /// The dispatcher joins its chat first whether it is idle or busy (as a join that reads again
+    /// after a failed compare-and-set would), and a turn that joined as waiting is then created
+    /// waiting: the release of the turn before it may find no record to admit, and it waits for
+    /// ever.
+    pub join_before_create: bool,
 }
 
 /// One deployment to check.
@@ -168,7 +173,8 @@ pub enum Action {
     Dispatch(Turn),
     SweepTurn(Turn),
     Kill(Turn),
-    /// A process's next step; `choice` is the sweep's "was the record written long ago?".
+    /// A process's next step; `choice` is the sweep's "was the record written long ago?" or
+    /// the dispatcher's "is its read of the chat stale?".
     Step {
         proc: ProcIx,
         choice: bool,

@@ -114,10 +114,7 @@ fn apply(w: &mut World, t: Turn, event: &Event) -> Option<(TurnRecord, Option<Un
             let mut record = *record;
             record.outbox = lifecycle::next_outbox(&record, &effects);
             if before == turnpike_core::TurnState::Waiting && record.state != before {
-                // Per-chat order: every earlier turn of the chat has ended.
-                if (0..t).any(|u| w.record(u).is_none_or(|r| !r.state.is_terminal())) {
-                    w.ghost.out_of_order = true;
-                }
+                check_order(w, t);
             }
             w.turns[t] = Some(Stored {
                 record: record.clone(),
@@ -125,6 +122,13 @@ fn apply(w: &mut World, t: Turn, event: &Event) -> Option<(TurnRecord, Option<Un
             w.note_record(t);
             Some((record, None))
         }
+    }
+}
+
+/// Turn `t` leaves waiting: per-chat order says every earlier turn of the chat has ended.
+fn check_order(w: &mut World, t: Turn) {
+    if (0..t).any(|u| w.record(u).is_none_or(|r| !r.state.is_terminal())) {
+        w.ghost.out_of_order = true;
     }
 }
 
@@ -148,12 +152,15 @@ fn outbox(turn: Turn, snapshot: TurnRecord) -> Frame {
 }
 
 pub(crate) fn step(m: &Protocol, w: &mut World, p: ProcIx, choice: bool) -> bool {
-    // Only the sweep's plan step has a choice to make.
+    // Only the sweep's plan step and the dispatcher's first step have a choice to make.
     let chooses = matches!(
         w.procs[p],
         Proc {
             job: Some(Job::Sweep {
                 phase: SweepPhase::Read,
+                ..
+            } | Job::Inbound {
+                phase: InboundPhase::Create,
                 ..
             }),
             ref stack,
@@ -226,7 +233,7 @@ pub(crate) fn step(m: &Protocol, w: &mut World, p: ProcIx, choice: bool) -> bool
             }
             w.procs[p].job = None;
         }
-        Job::Inbound { turn, phase } => inbound_step(m, w, p, turn, phase),
+        Job::Inbound { turn, phase } => inbound_step(m, w, p, turn, phase, choice),
         Job::Sweep { turn, phase } => sweep_step(m, w, p, turn, phase, choice),
     }
     true

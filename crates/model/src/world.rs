@@ -242,9 +242,15 @@ pub enum SweepPhase {
     },
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum InboundPhase {
     Create,
+    /// The chat was idle and this turn joined it first: created admitted with `history`
+    /// (`None`: only with the bug `join_before_create`, which joins a busy chat too).
+    CreateAdmitted {
+        history: Option<Vec<turnpike_core::wire::HistoryEntry>>,
+        listed_here: bool,
+    },
     Join,
     /// The message of an ended turn counted taken; `unlist`: this replay listed it again.
     Taken {

@@ -225,3 +225,20 @@ fn ignoring_arrival_order_breaks_chat_order() {
         Some(CHAT_ORDER),
     );
 }
+
+#[test]
+fn joining_a_busy_chat_before_the_record_exists_wedges_it() {
+    // Why the dispatcher joins first only with one compare-and-set on an idle chat: a turn that
+    // waits in the chat without its record can be made live by the release of the turn before
+    // it while there is nothing to admit.
+    caught(
+        Protocol::new(2, 1, 1)
+            .with(|p| {
+                p.faults = 0;
+                p.max_turn_retry = 1;
+                p.early_timers = 0;
+            })
+            .with(bug(|b| b.join_before_create = true)),
+        None,
+    );
+}

@@ -102,32 +102,45 @@ pub async fn update_from<R>(
             }
             return Ok(result);
         }
-        let value = Bytes::from(bus.codec.encode(&record)?);
-        let written = match snapshot.revision {
-            Some(rev) => bus.chats.update(key, value, rev).await.map_err(|e| {
-                (
-                    e.kind() == UpdateErrorKind::WrongLastRevision
-                        || turnpike_jetstream::lost_cas(&e),
-                    e.to_string(),
-                )
-            }),
-            None => bus.chats.create(key, value).await.map_err(|e| {
-                (
-                    e.kind() == CreateErrorKind::AlreadyExists || turnpike_jetstream::lost_cas(&e),
-                    e.to_string(),
-                )
-            }),
-        };
-        match written {
-            Ok(_) => return Ok(result),
-            Err((true, _)) => continue,
-            Err((false, e)) => return Err(BusError::kv(format!("write chat {key}"), e)),
+        if write_at(bus, chat, &record, snapshot.revision).await? {
+            return Ok(result);
         }
     }
     Err(BusError::kv(
         format!("write chat {key}"),
         "still conflicting",
     ))
+}
+
+/// Write `record` if the chat is still at `revision` (`None`: never written). `Ok(false)`: it
+/// changed meanwhile, nothing written.
+async fn write_at(
+    bus: &Bus,
+    chat: &ChatId,
+    record: &ChatRecord,
+    revision: Option<u64>,
+) -> Result<bool, BusError> {
+    let key = chat.as_str();
+    let value = Bytes::from(bus.codec.encode(record)?);
+    let written = match revision {
+        Some(rev) => bus.chats.update(key, value, rev).await.map_err(|e| {
+            (
+                e.kind() == UpdateErrorKind::WrongLastRevision || turnpike_jetstream::lost_cas(&e),
+                e.to_string(),
+            )
+        }),
+        None => bus.chats.create(key, value).await.map_err(|e| {
+            (
+                e.kind() == CreateErrorKind::AlreadyExists || turnpike_jetstream::lost_cas(&e),
+                e.to_string(),
+            )
+        }),
+    };
+    match written {
+        Ok(_) => Ok(true),
+        Err((true, _)) => Ok(false),
+        Err((false, e)) => Err(BusError::kv(format!("write chat {key}"), e)),
+    }
 }
 
 /// A new turn joins its chat: it becomes the live turn if there is none (returns the history to
@@ -144,6 +157,35 @@ pub async fn join(
         chat::Joined::Live(history) => Some(history),
         chat::Joined::Waiting | chat::Joined::Left => None,
     })
+}
+
+/// The first message of an idle chat: if `known` (the order check's read) shows no live turn
+/// and the message at `seq` not taken yet, make `turn` the live turn with one compare-and-set at
+/// that read's revision, before its record exists, so that the record is created admitted.
+/// `Some(history)` if it did. `None` (nothing written) if the chat was busy or changed since:
+/// the caller then creates the turn waiting and joins as usual. A turn never waits in the chat
+/// without its record, so whoever releases the chat always finds the record it admits.
+pub async fn join_if_idle(
+    bus: &Bus,
+    chat: &ChatId,
+    turn: &TurnId,
+    seq: u64,
+    known: &Snapshot,
+) -> Result<Option<Vec<HistoryEntry>>, BusError> {
+    let mut record = match known.record() {
+        None => chat::empty(chat),
+        Some(Ok(c)) => c.clone(),
+        Some(Err(_)) => return Ok(None),
+    };
+    if record.live.is_some() || !record.waiting.is_empty() || seq <= record.inbound_seq {
+        return Ok(None);
+    }
+    let chat::Joined::Live(history) = chat::join(&mut record, turn, Some(seq)).1 else {
+        return Ok(None);
+    };
+    Ok(write_at(bus, chat, &record, known.revision)
+        .await?
+        .then_some(history))
 }
 
 /// Is the inbound message at stream sequence `seq` the chat's next one to take? `false` while an

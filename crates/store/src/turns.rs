@@ -121,7 +121,25 @@ pub async fn create_in_chat(
         Err(e) if e.kind() == CreateErrorKind::AlreadyExists => false,
         Err(e) => return Err(BusError::kv(format!("index live turn {turn}"), e).into()),
     };
-    let (current, created) = create(bus, record).await?;
+    // An idle chat's new message: joined first, so the record is created admitted (one write
+    // where creating it waiting and admitting it took two). A dispatcher that dies after the
+    // join leaves the chat's live turn without a record: the replay of its message, not acked,
+    // finds the chat busy and takes the path below, which creates and admits it.
+    let fast = match (inbound_seq, &known_chat) {
+        (Some(seq), Some(snapshot)) => {
+            crate::chats::join_if_idle(bus, &chat, &turn, seq, snapshot).await?
+        }
+        _ => None,
+    };
+    let joined_first = fast.is_some();
+    let known_chat = if joined_first { None } else { known_chat };
+    let (current, created) = match fast {
+        Some(history) => create(bus, lifecycle::admitted_at_creation(&record, history)).await?,
+        None => create(bus, record).await?,
+    };
+    if created && joined_first {
+        return Ok((run_outbox(bus, current).await?, true));
+    }
     if current.record.state.is_terminal() {
         // A replay of a message whose turn already ended: nothing more to do, but to make sure
         // it does not hold its chat, and to count its message taken (it may never have joined:

@@ -1019,3 +1019,42 @@ fn an_exit_report_handled_before_the_started_event_still_says_who_ran_the_attemp
     assert_eq!(done.attempts[0].published_at, Some(at(0)));
     assert_eq!(done.attempts[0].started_at, Some(at(1)));
 }
+
+#[test]
+fn a_turn_admitted_at_creation_is_the_waiting_turn_admitted() {
+    // The dispatcher writes an idle chat's new turn once, admitted: it must be the record that
+    // creating it waiting and then admitting it wrote (the coordinator cannot tell them apart).
+    let chat = ChatId::new("chat-1").expect("valid");
+    let (waiting, none) = create(
+        NewTurn {
+            turn: TurnId::for_message(&chat, "m1"),
+            message: new_turn(3).message,
+            history: Vec::new(),
+            max_turn_retry: 3,
+            retry_delay: DELAY,
+            rerun_of: None,
+            created_by: None,
+            admit_now: false,
+        },
+        T0,
+    );
+    assert!(none.is_empty());
+    let history = vec![HistoryEntry {
+        role: Role::Bot,
+        text: "before".into(),
+    }];
+    let at_once = admitted_at_creation(&waiting, history.clone());
+    let (mut in_two, effects) = step(&waiting, Event::Admitted { history }, T0);
+    in_two.outbox = next_outbox(&in_two, &effects);
+    assert_eq!(at_once, in_two);
+    assert_eq!(at_once.state, TurnState::Queued);
+    assert_eq!(
+        at_once.outbox,
+        vec![Effect::DispatchAttempt {
+            attempt: 1,
+            not_before: None
+        }]
+    );
+    // Anything but a waiting turn is left as it is.
+    assert_eq!(admitted_at_creation(&at_once, Vec::new()), at_once);
+}

@@ -2,39 +2,57 @@
 
 use super::*;
 
-pub(super) fn inbound_step(m: &Protocol, w: &mut World, p: ProcIx, t: Turn, phase: InboundPhase) {
+/// `choice`: the order check's read of the chat is stale, so joining an idle chat first fails
+/// its compare-and-set (nothing written) and the turn takes the way a busy chat's does.
+pub(super) fn inbound_step(
+    m: &Protocol,
+    w: &mut World,
+    p: ProcIx,
+    t: Turn,
+    phase: InboundPhase,
+    choice: bool,
+) {
     let next = |w: &mut World, phase| {
         w.procs[p].job = Some(Job::Inbound { turn: t, phase });
     };
     match phase {
         InboundPhase::Create => {
             // Into the live index first (a create: whether it was listed tells a replay whether
-            // its end's effects may be owed), then the record (a create: a replay finds it).
+            // its end's effects may be owed).
             let listed_here = w.live.insert(t);
-            if w.turns[t].is_none() {
-                let (record, _) = lifecycle::create(new_turn(m, t), NOW);
-                w.turns[t] = Some(Stored { record });
-            }
-            let Some(record) = w.record(t).cloned() else {
-                unreachable!("just stored")
-            };
-            if record.state.is_terminal() {
-                // A replay of a message whose turn ended (killed before it joined): it must not
-                // hold its chat (admitting an ended turn releases it).
-                w.procs[p].stack.push(Frame::Admit {
-                    turn: t,
-                    history: Vec::new(),
-                });
-                next(
+            // An idle chat's new message joins first, with one compare-and-set at the order
+            // check's read, and its record is created admitted (store `chats::join_if_idle`).
+            // Anything else, or a failed compare-and-set, writes nothing to the chat here.
+            let idle = w
+                .chat
+                .as_ref()
+                .is_none_or(|c| c.live.is_none() && c.waiting.is_empty() && seq(t) > c.inbound_seq);
+            if (idle && !choice) || m.bugs.join_before_create {
+                let c = w.chat.get_or_insert_with(|| chat::empty(&m.ids.chat));
+                let history = match chat::join(c, &m.ids.turns[t], Some(seq(t))).1 {
+                    Joined::Live(history) => Some(history),
+                    Joined::Waiting | Joined::Left => None,
+                };
+                return next(
                     w,
-                    InboundPhase::Taken {
-                        unlist: listed_here,
+                    InboundPhase::CreateAdmitted {
+                        history,
+                        listed_here,
                     },
                 );
-            } else {
-                next(w, InboundPhase::Join);
             }
+            create(m, w, p, t, None, listed_here);
         }
+        InboundPhase::CreateAdmitted { history: None, .. } if w.turns[t].is_none() => {
+            // Only the bug joins a busy chat first; it takes the turn's join as done.
+            let (record, _) = lifecycle::create(new_turn(m, t), NOW);
+            w.turns[t] = Some(Stored { record });
+            next(w, InboundPhase::Ack);
+        }
+        InboundPhase::CreateAdmitted {
+            history,
+            listed_here,
+        } => create(m, w, p, t, history, listed_here),
         InboundPhase::Join => {
             let c = w.chat.get_or_insert_with(|| chat::empty(&m.ids.chat));
             if let (_, Joined::Live(history)) = chat::join(c, &m.ids.turns[t], Some(seq(t))) {
@@ -56,6 +74,54 @@ pub(super) fn inbound_step(m: &Protocol, w: &mut World, p: ProcIx, t: Turn, phas
             w.inbound[t] = Delivery::Acked;
             w.procs[p].job = None;
         }
+    }
+}
+
+/// Create the turn's record (a create: a replay finds it), admitted if its chat was idle when it
+/// joined (`history`), then go on: an admitted new turn's outbox dispatches attempt 1; a replay's
+/// or a waiting turn's join comes next.
+fn create(
+    m: &Protocol,
+    w: &mut World,
+    p: ProcIx,
+    t: Turn,
+    history: Option<Vec<turnpike_core::wire::HistoryEntry>>,
+    listed_here: bool,
+) {
+    let next = |w: &mut World, phase| {
+        w.procs[p].job = Some(Job::Inbound { turn: t, phase });
+    };
+    if w.turns[t].is_none() {
+        let (record, _) = lifecycle::create(new_turn(m, t), NOW);
+        if let Some(history) = history {
+            let record = lifecycle::admitted_at_creation(&record, history);
+            check_order(w, t);
+            w.turns[t] = Some(Stored {
+                record: record.clone(),
+            });
+            w.procs[p].stack.push(outbox(t, record));
+            return next(w, InboundPhase::Ack);
+        }
+        w.turns[t] = Some(Stored { record });
+    }
+    let Some(record) = w.record(t).cloned() else {
+        unreachable!("just stored")
+    };
+    if record.state.is_terminal() {
+        // A replay of a message whose turn ended (killed before it joined): it must not
+        // hold its chat (admitting an ended turn releases it).
+        w.procs[p].stack.push(Frame::Admit {
+            turn: t,
+            history: Vec::new(),
+        });
+        next(
+            w,
+            InboundPhase::Taken {
+                unlist: listed_here,
+            },
+        );
+    } else {
+        next(w, InboundPhase::Join);
     }
 }
 

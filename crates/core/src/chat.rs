@@ -64,6 +64,20 @@ pub fn join(c: &mut ChatRecord, turn: &TurnId, inbound_seq: Option<u64>) -> (boo
     }
 }
 
+/// A new turn joins its chat only if the chat is idle (no live turn, nobody waiting) and its
+/// message at `seq` was not taken before: then it is the live turn, and this is its history.
+/// Otherwise nothing changes. The dispatcher's fast path (one write to the chat, the turn's
+/// record created already admitted); anything else goes through [`join`] after the record exists.
+pub fn join_if_idle(c: &mut ChatRecord, turn: &TurnId, seq: u64) -> Option<Vec<HistoryEntry>> {
+    if c.live.is_some() || !c.waiting.is_empty() || seq <= c.inbound_seq {
+        return None;
+    }
+    match join(c, turn, Some(seq)).1 {
+        Joined::Live(history) => Some(history),
+        Joined::Waiting | Joined::Left => None,
+    }
+}
+
 /// The inbound message at `seq` was taken without joining (refused, or its turn had already
 /// ended): later messages may go. Returns whether the record changed.
 pub fn inbound_taken(c: &mut ChatRecord, seq: u64) -> bool {
@@ -226,6 +240,30 @@ mod tests {
             (false, Joined::Live(vec![]))
         );
         assert_eq!(join(&mut c, &turn(2), Some(2)), (false, Joined::Waiting));
+    }
+
+    #[test]
+    fn only_an_idle_chat_is_joined_first() {
+        let mut c = empty(&chat());
+        assert_eq!(join_if_idle(&mut c, &turn(1), 1), Some(vec![]));
+        assert_eq!(c.live, Some(turn(1)));
+        // Busy: nothing changes, the turn joins the slow way once its record exists.
+        let busy = c.clone();
+        assert_eq!(join_if_idle(&mut c, &turn(2), 2), None);
+        assert_eq!(c, busy);
+        // Someone waiting: an idle live slot is not enough, arrival order comes first.
+        join(&mut c, &turn(2), Some(2));
+        c.live = None;
+        let queued = c.clone();
+        assert_eq!(join_if_idle(&mut c, &turn(3), 3), None);
+        assert_eq!(c, queued);
+        // A message taken before (a replay) never joins this way.
+        let mut c = empty(&chat());
+        c.inbound_seq = 5;
+        assert_eq!(join_if_idle(&mut c, &turn(4), 5), None);
+        assert_eq!(c.live, None);
+        assert_eq!(join_if_idle(&mut c, &turn(4), 6), Some(vec![]));
+        assert_eq!(c.inbound_seq, 6);
     }
 
     /// Found by the model checker (crates/model, `one_turn_with_two_faults`): the dispatcher

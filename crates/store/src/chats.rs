@@ -177,10 +177,7 @@ pub async fn join_if_idle(
         Some(Ok(c)) => c.clone(),
         Some(Err(_)) => return Ok(None),
     };
-    if record.live.is_some() || !record.waiting.is_empty() || seq <= record.inbound_seq {
-        return Ok(None);
-    }
-    let chat::Joined::Live(history) = chat::join(&mut record, turn, Some(seq)).1 else {
+    let Some(history) = chat::join_if_idle(&mut record, turn, seq) else {
         return Ok(None);
     };
     Ok(write_at(bus, chat, &record, known.revision)

@@ -23,16 +23,20 @@ pub(super) fn inbound_step(
             // An idle chat's new message joins first, with one compare-and-set at the order
             // check's read, and its record is created admitted (store `chats::join_if_idle`).
             // Anything else, or a failed compare-and-set, writes nothing to the chat here.
-            let idle = w
-                .chat
-                .as_ref()
-                .is_none_or(|c| c.live.is_none() && c.waiting.is_empty() && seq(t) > c.inbound_seq);
-            if (idle && !choice) || m.bugs.join_before_create {
-                let c = w.chat.get_or_insert_with(|| chat::empty(&m.ids.chat));
-                let history = match chat::join(c, &m.ids.turns[t], Some(seq(t))).1 {
+            let mut c = w.chat.clone().unwrap_or_else(|| chat::empty(&m.ids.chat));
+            let joined = if m.bugs.join_before_create {
+                // The bug joins whatever the chat's state.
+                Some(match chat::join(&mut c, &m.ids.turns[t], Some(seq(t))).1 {
                     Joined::Live(history) => Some(history),
                     Joined::Waiting | Joined::Left => None,
-                };
+                })
+            } else if choice {
+                None
+            } else {
+                chat::join_if_idle(&mut c, &m.ids.turns[t], seq(t)).map(Some)
+            };
+            if let Some(history) = joined {
+                w.chat = Some(c);
                 return next(
                     w,
                     InboundPhase::CreateAdmitted {

@@ -272,6 +272,11 @@ async fn the_dashboard_reads_and_acts_with_only_its_own_rights() {
         body.contains("reply:shown"),
         "the chat's recent turn is listed: {body}"
     );
+    let (_, _, body) = http(&url, "GET", &turn_page, &[("Cookie", &cookie)], "").await;
+    assert!(
+        body.contains(">shown</pre>"),
+        "the turn's reply, read from the chat's output: {body}"
+    );
     let (_, _, live) = http(&url, "GET", "/live", &[("Cookie", &cookie)], "").await;
     assert!(
         live.contains(hung.as_str()),
@@ -319,7 +324,6 @@ async fn the_dashboard_reads_and_acts_with_only_its_own_rights() {
         format!("turnpike.control.kill.{done}"),
         format!("turnpike.work.run.{done}"),
         "$JS.API.STREAM.PURGE.TURNPIKE_WORK".to_owned(),
-        "$JS.API.STREAM.MSG.GET.TURNPIKE_CHAT_OUT".to_owned(),
     ] {
         let why = user.refused(&forged).await;
         assert!(why.contains("Permissions Violation"), "{forged}: {why}");

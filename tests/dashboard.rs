@@ -106,8 +106,15 @@ async fn path(c: &Client) -> String {
 }
 
 /// The text of `css`, once it is on the page (after a click, the next page may still be loading).
+/// Found and read in one go, again if a live re-draw replaced the element in between.
 async fn text(c: &Client, css: &str) -> String {
-    wait_for(c, css).await.text().await.expect("text")
+    let c = c.clone();
+    let css = css.to_owned();
+    eventually(WAIT, &format!("the text of {css}"), || {
+        let (c, css) = (c.clone(), css.clone());
+        async move { c.find(Locator::Css(&css)).await.ok()?.text().await.ok() }
+    })
+    .await
 }
 
 /// Wait until `css` matches something on the page as it is now (no reload).
@@ -119,6 +126,19 @@ async fn wait_for(c: &Client, css: &str) -> fantoccini::elements::Element {
         async move { c.find(Locator::Css(&css)).await.ok() }
     })
     .await
+}
+
+/// The live view's count of change events received, once it is at least `min`.
+async fn live_events(c: &Client, min: u64) -> Option<u64> {
+    let n = c
+        .execute(
+            "return window.turnpikeLive ? window.turnpikeLive.events : 0;",
+            vec![],
+        )
+        .await
+        .ok()?
+        .as_u64()?;
+    (n >= min).then_some(n)
 }
 
 async fn wait_gone(c: &Client, css: &str) {
@@ -220,3 +240,5 @@ async fn login(c: &Client, base: &str, password: &str) {
 mod browser;
 #[path = "dashboard/http.rs"]
 mod http;
+#[path = "dashboard/replies.rs"]
+mod replies;

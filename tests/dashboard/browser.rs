@@ -33,6 +33,66 @@ async fn an_operator_works_the_dashboard_in_a_real_browser() {
     wait_for(&c, "header .who").await;
     assert_eq!(text(&c, "header .who").await, OPERATOR);
 
+    // A running turn's page shows its reply as it lands, without a reload: the record says
+    // nothing until the attempt ends, so the page reads the turn's output itself.
+    let go = std::env::temp_dir().join(format!("turnpike-dashboard-go-{}", std::process::id()));
+    let _ = std::fs::remove_file(&go);
+    let talking = send(
+        &p.bus,
+        "talking",
+        "m-talk",
+        &format!("reply-when-file:{}", go.display()),
+    )
+    .await;
+    wait_state(&p.bus, &talking, TurnState::Running).await;
+    c.goto(&format!("{base}/turns/{talking}"))
+        .await
+        .expect("goto");
+    wait_for(&c, "h1 .state-running").await;
+    assert!(
+        text(&c, "#replies").await.contains("No reply yet"),
+        "nothing landed yet"
+    );
+    mark_document(&c).await;
+    // Once the page's event stream said hello it gets every change; count those from here.
+    let seen = eventually(WAIT, "the page's event stream", || live_events(&c, 1)).await;
+    std::fs::write(&go, b"").expect("tell the agent");
+    assert!(
+        text(&c, "#replies li[data-attempt='1']")
+            .await
+            .contains("an answer, once told"),
+        "the reply as landed"
+    );
+    assert!(
+        still_same_document(&c).await,
+        "the reply must appear without a reload"
+    );
+    screenshot(&c, "turn-replies").await;
+    // Drawn because the page was told a message landed (nothing else changed meanwhile), not
+    // by the five-second safety net.
+    eventually(WAIT, "an event for the landed reply", || {
+        live_events(&c, seen + 1)
+    })
+    .await;
+    assert!(
+        text(&c, "ol.timeline")
+            .await
+            .contains("1 message(s) landed so far"),
+        "the running attempt counts what it landed"
+    );
+    assert_eq!(
+        turnpike_store::turns::load(&p.bus, &talking)
+            .await
+            .expect("load")
+            .expect("record")
+            .record
+            .state,
+        TurnState::Running,
+        "shown while the attempt still runs"
+    );
+    kill_turn(&p.bus, &talking).await;
+    let _ = std::fs::remove_file(&go);
+
     // A turn that gives up appears on the errored list without a reload.
     c.goto(&format!("{base}/errored")).await.expect("goto");
     wait_for(&c, "main p.empty").await;
@@ -112,12 +172,11 @@ async fn an_operator_works_the_dashboard_in_a_real_browser() {
     // A pending retry shows a countdown to its due time.
     c.goto(&format!("{base}/live")).await.expect("goto");
     let retried = send(&p.bus, "retried", "m-retry", "die-until:2").await;
-    let countdown = wait_for(
+    let t = text(
         &c,
         &format!("tr[data-turn='{retried}'][data-state=pending_retry] .countdown"),
     )
     .await;
-    let t = countdown.text().await.expect("text");
     assert!(t.starts_with("in ") || t == "due", "countdown reads {t:?}");
     assert_eq!(
         wait_ended(&p.bus, &retried, WAIT).await.state,

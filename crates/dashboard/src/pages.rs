@@ -7,6 +7,7 @@ use turnpike_core::wire::{ChatRecord, RunnerPresence};
 use turnpike_core::{Timestamp, TurnId, TurnRecord};
 
 use crate::read::Counters;
+use turnpike_store::fence::TurnOutput;
 
 mod chats;
 mod overview;

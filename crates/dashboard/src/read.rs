@@ -86,6 +86,21 @@ pub async fn turn(bus: &Bus, id: &TurnId) -> Result<Option<TurnRecord>, Dashboar
         .map_err(|e| kv_err(format!("turn {id}"), e))
 }
 
+/// Reads at most when showing one turn's replies: far more than any turn lands, and a bound on
+/// what one page view can cost.
+const MAX_OUTPUT_READS: usize = 1000;
+
+/// The bot messages the turn has landed so far, read from the chat's output: the record counts
+/// an attempt's messages only once it ended, and a page shows a running one's as they land.
+pub async fn output(
+    bus: &Bus,
+    r: &TurnRecord,
+) -> Result<turnpike_store::fence::TurnOutput, DashboardError> {
+    turnpike_store::fence::turn_output(bus, &r.chat, &r.turn, MAX_OUTPUT_READS)
+        .await
+        .map_err(|e| kv_err(format!("the replies of turn {}", r.turn), e))
+}
+
 /// Records of `ids` (missing ones left out), in the order given.
 pub async fn turns(bus: &Bus, ids: &[TurnId]) -> Result<Vec<TurnRecord>, DashboardError> {
     let got: Vec<Option<TurnRecord>> = futures::stream::iter(ids.to_vec())

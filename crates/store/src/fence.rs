@@ -212,7 +212,7 @@ pub async fn landed(
     let Some(from) = runner_seq else {
         return Ok(Vec::new());
     };
-    let found = scan(bus, chat, turn, from, |item| item.attempt == attempt).await?;
+    let found = scan_all(bus, chat, turn, from, |item| item.attempt == attempt).await?;
     Ok(found.into_iter().map(|(seq, _)| seq).collect())
 }
 
@@ -224,6 +224,47 @@ pub async fn turn_messages(
     chat: &ChatId,
     turn: &TurnId,
 ) -> Result<Vec<OutboundItem>, BusError> {
+    let Some(from) = first_marker(bus, turn).await? else {
+        return Ok(Vec::new());
+    };
+    let found = scan_all(bus, chat, turn, from, |_| true).await?;
+    Ok(found.into_iter().map(|(_, item)| item).collect())
+}
+
+/// A turn's bot messages so far, as a view shows them.
+#[derive(Debug, Clone, Default)]
+pub struct TurnOutput {
+    pub messages: Vec<OutboundItem>,
+    /// Every message of the turn was read (the scan was not cut short by its bound).
+    pub complete: bool,
+}
+
+/// The bot messages `turn` has landed so far, for a view (the dashboard), while it runs or
+/// after. Unlike [`turn_messages`] it stops at the turn's final status (nothing of a turn lands
+/// after it: its attempts are over or fenced out before it is sent), so an old turn of a busy
+/// chat costs its own messages, not the chat's since; and it reads at most `max_reads` messages,
+/// saying so instead of failing.
+pub async fn turn_output(
+    bus: &Bus,
+    chat: &ChatId,
+    turn: &TurnId,
+    max_reads: usize,
+) -> Result<TurnOutput, BusError> {
+    let Some(from) = first_marker(bus, turn).await? else {
+        return Ok(TurnOutput {
+            messages: Vec::new(),
+            complete: true,
+        });
+    };
+    let (found, complete) = scan(bus, chat, turn, from, max_reads, true, |_| true).await?;
+    Ok(TurnOutput {
+        messages: found.into_iter().map(|(_, item)| item).collect(),
+        complete,
+    })
+}
+
+/// The sequence of the turn's first fence marker; `None` if no attempt ever took the fence.
+async fn first_marker(bus: &Bus, turn: &TurnId) -> Result<Option<u64>, BusError> {
     let subject = subjects::fence(turn);
     let first = stream(bus)
         .await?
@@ -232,30 +273,50 @@ pub async fn turn_messages(
         .next_by_subject(subject.clone())
         .send()
         .await;
-    let from = match first {
-        Ok(m) => m.sequence,
-        // No marker: no attempt ever took the fence, so nothing of the turn landed.
-        Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => return Ok(Vec::new()),
-        Err(e) => return Err(BusError::kv(format!("read fence {subject}"), e)),
-    };
-    let found = scan(bus, chat, turn, from, |_| true).await?;
-    Ok(found.into_iter().map(|(_, item)| item).collect())
+    match first {
+        Ok(m) => Ok(Some(m.sequence)),
+        Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => Ok(None),
+        Err(e) => Err(BusError::kv(format!("read fence {subject}"), e)),
+    }
 }
 
-/// The bot messages of `turn` on `chat`'s outbound subject after sequence `from` that `keep`
-/// selects, each with its sequence.
-async fn scan(
+/// [`scan`] to the end of the chat's subject; more than [`MAX_SCAN`] messages is an error.
+async fn scan_all(
     bus: &Bus,
     chat: &ChatId,
     turn: &TurnId,
     from: u64,
     keep: impl Fn(&OutboundItem) -> bool,
 ) -> Result<Vec<(u64, OutboundItem)>, BusError> {
+    match scan(bus, chat, turn, from, MAX_SCAN, false, keep).await? {
+        (found, true) => Ok(found),
+        (_, false) => Err(BusError::kv(
+            format!("read the messages of {turn}"),
+            format!(
+                "more than {MAX_SCAN} messages on {} since the turn began",
+                subjects::chat_out(chat)
+            ),
+        )),
+    }
+}
+
+/// The bot messages of `turn` on `chat`'s outbound subject after sequence `from` that `keep`
+/// selects, each with its sequence; at most `max_reads` reads, ending early at the turn's final
+/// status if `to_final`. `true` with them if the scan reached its end.
+async fn scan(
+    bus: &Bus,
+    chat: &ChatId,
+    turn: &TurnId,
+    from: u64,
+    max_reads: usize,
+    to_final: bool,
+    keep: impl Fn(&OutboundItem) -> bool,
+) -> Result<(Vec<(u64, OutboundItem)>, bool), BusError> {
     let stream = stream(bus).await?;
     let subject = subjects::chat_out(chat);
     let mut seq = from + 1;
     let mut out = Vec::new();
-    for _ in 0..MAX_SCAN {
+    for _ in 0..max_reads {
         let next = stream
             .raw_message_builder()
             .sequence(seq)
@@ -264,18 +325,21 @@ async fn scan(
             .await;
         let m = match next {
             Ok(m) => m,
-            Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => return Ok(out),
+            Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => {
+                return Ok((out, true))
+            }
             Err(e) => return Err(BusError::kv(format!("read the messages of {turn}"), e)),
         };
         if let Ok(item) = decode::<OutboundItem>(Some(&m.headers), &m.payload) {
-            if &item.turn == turn && item.kind == OutboundKind::Message && keep(&item) {
-                out.push((m.sequence, item));
+            if &item.turn == turn {
+                if item.kind == OutboundKind::Message && keep(&item) {
+                    out.push((m.sequence, item));
+                } else if to_final && item.r#final {
+                    return Ok((out, true));
+                }
             }
         }
         seq = m.sequence + 1;
     }
-    Err(BusError::kv(
-        format!("read the messages of {turn}"),
-        format!("more than {MAX_SCAN} messages on {subject} since the turn began"),
-    ))
+    Ok((out, false))
 }

@@ -17,6 +17,7 @@
 //! | `flood:<n>` | sends n messages |
 //! | `big-reply:<n>` | replies one message of n bytes |
 //! | `reply-then-hang` | replies, then hangs |
+//! | `reply-when-file:<path>` | waits until `<path>` exists, replies, then hangs |
 //! | `reply-then-exit:<s>` | replies, then exits cleanly `<s>` seconds later |
 //! | `fail-huge` | reports a failure whose error line is over 1 MiB, and exits 0 |
 //! | `write-file:<path>` | tries to create `<path>`; replies `wrote <path>` or `refused <path>: <error>` |
@@ -258,6 +259,19 @@ pub fn run() -> ! {
             let secs: f64 = arg.and_then(|a| a.parse().ok()).unwrap_or(0.0);
             std::thread::sleep(Duration::from_secs_f64(secs.max(0.0)));
             result_ok();
+        }
+        "reply-when-file" => {
+            // `reply-when-file:/tmp/x`: answer once the file exists, then hang; lets a test
+            // watch a running turn before and after its reply lands, with no timing involved.
+            let Some(path) = arg else {
+                diag(format_args!("reply-when-file needs a path"));
+                std::process::exit(4);
+            };
+            while !std::path::Path::new(path).exists() {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            reply("an answer, once told");
+            hang();
         }
         "reply-then-hang" => {
             reply("an answer, then silence");

@@ -47,7 +47,15 @@ pub fn live(
     }
 }
 
-pub fn turn(ctx: &Ctx, r: &TurnRecord, reruns: &[TurnRecord], flash_: Markup) -> Page {
+pub fn turn(
+    ctx: &Ctx,
+    r: &TurnRecord,
+    reruns: &[TurnRecord],
+    output: &TurnOutput,
+    flash_: Markup,
+) -> Page {
+    // An ended attempt's count is the record's (final); a running one's is what landed so far.
+    let landed_so_far = |n: u32| output.messages.iter().filter(|m| m.attempt == n).count();
     let body = html! {
         h1 { "Turn " span.mono { (r.turn.as_str()) } " " (state(r.state)) }
         (flash_)
@@ -74,6 +82,18 @@ pub fn turn(ctx: &Ctx, r: &TurnRecord, reruns: &[TurnRecord], flash_: Markup) ->
         @if !r.message.attachments.is_empty() {
             ul { @for a in &r.message.attachments { li { (a.name) " (" span.mono { (a.object) } ")" } } }
         }
+        h2 { "Replies" }
+        div #replies {
+            @if output.messages.is_empty() { p.empty { "No reply yet." } }
+            @else {
+                ol.replies {
+                    @for m in &output.messages {
+                        li data-attempt=(m.attempt) { span.small { "attempt " (m.attempt) } pre.message { (m.text) } }
+                    }
+                }
+            }
+            @if !output.complete { p.small { "More replies than one page shows; the chat's output has them all." } }
+        }
         h2 { "Attempts" }
         ol.timeline {
             @for a in &r.attempts {
@@ -91,7 +111,8 @@ pub fn turn(ctx: &Ctx, r: &TurnRecord, reruns: &[TurnRecord], flash_: Markup) ->
                         @if let (Some(s), Some(st)) = (a.started_at, Some(e.ended_at)) { " · ran " (duration(st.millis().saturating_sub(s.millis()))) }
                         @if let Some(err) = &e.error { div.small { (err) } }
                     }
-                    " · " (a.messages_landed) " message(s) landed"
+                    @if a.exit.is_some() { " · " (a.messages_landed) " message(s) landed" }
+                    @else if a.started_at.is_some() || a.runner.is_some() { " · " (landed_so_far(a.n)) " message(s) landed so far" }
                     @if let Some(p) = &a.preamble { details { summary { "preamble" } pre { (p) } } }
                 }
             }
@@ -99,7 +120,7 @@ pub fn turn(ctx: &Ctx, r: &TurnRecord, reruns: &[TurnRecord], flash_: Markup) ->
     };
     Page {
         title: format!("Turn {}", r.turn),
-        watch: "turns",
+        watch: "turns out",
         body,
     }
 }

@@ -246,10 +246,17 @@ async fn events(AxState(state): AxState<Shared>, headers: HeaderMap) -> Response
         return StatusCode::SERVICE_UNAVAILABLE.into_response();
     };
     let rx = tokio_stream_from(tx.subscribe());
-    let hello = futures::stream::once(async {
-        Ok::<_, std::convert::Infallible>(Event::default().event(crate::changes::HELLO).data(""))
+    // Never empty data: a browser drops an event without any (the page would miss the
+    // "re-draw, you may have missed something" after a reconnect).
+    let event = |bucket: &'static str, key: &str| {
+        Event::default()
+            .event(bucket)
+            .data(if key.is_empty() { bucket } else { key })
+    };
+    let hello = futures::stream::once(async move {
+        Ok::<_, std::convert::Infallible>(event(crate::changes::HELLO, ""))
     });
-    let changes = rx.map(|c| Ok(Event::default().event(c.bucket).data(c.key)));
+    let changes = rx.map(move |c| Ok(event(c.bucket, &c.key)));
     let shutdown = shutdown.clone();
     let stream = hello
         .chain(changes)

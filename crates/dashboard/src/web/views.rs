@@ -147,8 +147,12 @@ pub(super) async fn turn(
         Ok(r) => r,
         Err(e) => return failed(e),
     };
+    let output = match read::output(&state.bus, &record).await {
+        Ok(o) => o,
+        Err(e) => return failed(e),
+    };
     render(&state, &s, &headers, |ctx| {
-        pages::turn(ctx, &record, &reruns, flash(&f))
+        pages::turn(ctx, &record, &reruns, &output, flash(&f))
     })
 }
 

@@ -56,6 +56,23 @@ pub async fn run(mut config: Config, demo: bool) -> Result<ExitCode> {
         crate::shutdown_on_signal()
     };
     let mut roles = tokio::task::JoinSet::new();
+    // The dashboard, except in the demo (which exits when its script ends). Bound before the
+    // roles start, so it answers by the time the pipeline does.
+    let mut dashboard_login = None;
+    if !demo {
+        let (access, login) = dashboard_access(&config)?;
+        dashboard_login = login;
+        let listener = turnpike_dashboard::Dashboard::bind(&config.dashboard_listen).await?;
+        let dashboard = turnpike_dashboard::Dashboard::new(bus.clone(), config.clone(), access)?;
+        let token = shutdown.clone();
+        roles.spawn(async move {
+            dashboard
+                .serve(listener, token)
+                .await
+                .map_err(anyhow::Error::from)
+        });
+    }
+
     // Every role's metrics, on one `metrics_listen` for the whole process.
     let mut metrics: Vec<Box<dyn Fn() -> Result<String, std::fmt::Error> + Send + Sync>> =
         Vec::new();
@@ -83,22 +100,6 @@ pub async fn run(mut config: Config, demo: bool) -> Result<ExitCode> {
         roles.spawn(async move { runner.run(token).await.map_err(anyhow::Error::from) });
     }
     crate::serve_metrics(&config, metrics, &shutdown).await?;
-
-    // The dashboard, except in the demo (which exits when its script ends).
-    let mut dashboard_login = None;
-    if !demo {
-        let (access, login) = dashboard_access(&config)?;
-        dashboard_login = login;
-        let listener = turnpike_dashboard::Dashboard::bind(&config.dashboard_listen).await?;
-        let dashboard = turnpike_dashboard::Dashboard::new(bus.clone(), config.clone(), access)?;
-        let token = shutdown.clone();
-        roles.spawn(async move {
-            dashboard
-                .serve(listener, token)
-                .await
-                .map_err(anyhow::Error::from)
-        });
-    }
 
     let code = if demo {
         let ok = script(&bus, &config).await?;

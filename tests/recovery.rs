@@ -351,3 +351,120 @@ async fn a_reply_stored_without_an_acknowledgement_is_never_followed_by_a_retry(
         r.stop().await;
     }
 }
+
+/// Issue 19: a run writes its lease a heartbeat after its claim, so a run shorter than that
+/// writes none; and a sweep that finds a claimed attempt with no lease yet leaves it alone until
+/// it has found none for a whole lease (fails with the lease taken before the claim, and with the
+/// sweep calling such an attempt lost at once).
+#[tokio::test]
+async fn a_run_within_its_first_heartbeat_has_no_lease_and_is_not_declared_lost() {
+    init_logs();
+    let p = Pipeline::start(AGENT, |c| {
+        c.heartbeat = Duration::from_secs(20);
+        c.lease = Duration::from_secs(60);
+    })
+    .await;
+    let quick = send(&p.bus, "chat-q", "q-1", "reply:quick").await;
+    assert_eq!(wait_ended(&p.bus, &quick, T).await.state, TurnState::Done);
+    let lease = p
+        .bus
+        .leases
+        .entry(subjects::claim_key(&quick, 1))
+        .await
+        .expect("read lease");
+    assert!(lease.is_none(), "a short run wrote a lease: {lease:?}");
+
+    let go = std::env::temp_dir().join(format!("turnpike-first-beat-{}", std::process::id()));
+    let _ = std::fs::remove_file(&go);
+    let slow = send(
+        &p.bus,
+        "chat-s",
+        "s-1",
+        &format!("reply-when-file:{}", go.display()),
+    )
+    .await;
+    wait_state(&p.bus, &slow, TurnState::Running).await;
+    // Two passes of one sweeper, well within a lease of each other.
+    let mut sweeper = turnpike_coordinator::sweep::Sweeper::default();
+    for _ in 0..2 {
+        let report = sweeper
+            .pass(&p.bus, &p.config, &Default::default())
+            .await
+            .expect("sweep");
+        assert_eq!(report.runner_lost, 0, "{report:?}");
+    }
+    // The run is untouched: its reply lands, and the turn is still on its first attempt.
+    std::fs::write(&go, b"").expect("tell the agent");
+    eventually(T, "the reply", || async {
+        visible_items(&p.bus, "chat-s")
+            .await
+            .iter()
+            .any(|i| i.turn == slow && i.text.contains("once told"))
+            .then_some(())
+    })
+    .await;
+    let record = wait_state(&p.bus, &slow, TurnState::Running).await;
+    assert_eq!(record.attempts.len(), 1);
+    assert!(record.attempts[0].exit.is_none(), "{record:#?}");
+    kill_turn(&p.bus, &slow).await;
+    let _ = std::fs::remove_file(&go);
+    p.stop().await;
+}
+
+/// Issue 19: a claimed attempt of which the sweeper has found no lease for a whole lease is lost
+/// (its runner died before writing one): fenced out, reported `runner_lost`, and its lease key
+/// marked, so a runner that could still write its first lease finds the marker and stops. The
+/// sweeper's lease is made shorter than the runner's to stand for the time that passed.
+#[tokio::test]
+async fn an_attempt_without_a_lease_for_a_whole_lease_is_lost_and_its_lease_key_marked() {
+    init_logs();
+    let p = Pipeline::start(AGENT, |c| {
+        c.heartbeat = Duration::from_secs(20);
+        c.lease = Duration::from_secs(60);
+        c.max_turn_retry = 1;
+    })
+    .await;
+    let turn = send(&p.bus, "chat-d", "d-1", "hang").await;
+    wait_state(&p.bus, &turn, TurnState::Running).await;
+    let sweep_config = turnpike_config::Config {
+        lease: Duration::from_millis(300),
+        ..p.config.clone()
+    };
+    let mut sweeper = turnpike_coordinator::sweep::Sweeper::default();
+    let first = sweeper
+        .pass(&p.bus, &sweep_config, &Default::default())
+        .await
+        .expect("sweep");
+    assert_eq!(first.runner_lost, 0, "found none once: not yet");
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let second = sweeper
+        .pass(&p.bus, &sweep_config, &Default::default())
+        .await
+        .expect("sweep");
+    assert_eq!(second.runner_lost, 1, "{second:?}");
+    let record = wait_ended(&p.bus, &turn, T).await;
+    assert_eq!(record.state, TurnState::GaveUp, "{record:#?}");
+    assert_eq!(
+        record.attempts[0].exit.as_ref().map(|e| e.class),
+        Some(ExitClass::RunnerLost)
+    );
+    let stream = p
+        .bus
+        .js
+        .get_stream(format!("KV_{}", subjects::BUCKET_LEASES))
+        .await
+        .expect("leases stream");
+    let marker = stream
+        .get_last_raw_message_by_subject(&format!(
+            "$KV.{}.{}",
+            subjects::BUCKET_LEASES,
+            subjects::claim_key(&turn, 1)
+        ))
+        .await
+        .expect("a marker on the lease key");
+    assert_eq!(
+        marker.headers.get("KV-Operation").map(|v| v.as_str()),
+        Some("PURGE")
+    );
+    p.stop().await;
+}

@@ -1,15 +1,17 @@
 //! The recovery sweep: at start-up and periodically, look at every turn not yet ended (the
 //! `turnpike_live` index, never the whole turns bucket, so its cost does not grow with finished
 //! turns) and settle what no event will settle by itself:
-//! - a running attempt whose runner lease lapsed becomes a `runner_lost` death, after the turn's
-//!   fence is moved so the lost runner's late output can no longer land;
+//! - a running attempt whose runner lease lapsed (or was never written, for a whole lease since
+//!   the sweep first found none) becomes a `runner_lost` death, after the turn's fence is moved
+//!   so the lost runner's late output can no longer land;
 //! - an attempt owed (queued, or a pending retry) that is neither scheduled, queued nor claimed
 //!   is dispatched again;
 //! - effects left in an ended turn's outbox are carried out, and the turn leaves the index.
 
 use crate::Counters;
 use futures::StreamExt;
-use std::time::{Duration, SystemTime};
+use std::collections::{HashMap, HashSet};
+use std::time::{Duration, Instant, SystemTime};
 use tracing::{debug, info, warn};
 use turnpike_config::Config;
 use turnpike_core::lifecycle::{Effect, Event, TurnState};
@@ -32,13 +34,67 @@ pub struct SweepReport {
     pub cleaned: usize,
 }
 
+/// The least a lost attempt's lease marker lives (the bucket keeps a marker without TTL for a week).
+const LOST_MARKER_TTL: Duration = Duration::from_secs(60);
+
 /// An attempt published this long ago and still unclaimed is reported (never silently lost).
 const QUEUED_LONG: Duration = Duration::from_secs(300);
 
+/// What one sweeper remembers between its passes: since when (by this host's monotonic clock)
+/// it has found no trace of a claimed attempt's lease. A run writes its lease a heartbeat after
+/// its claim, so one pass cannot tell a run in its first heartbeat from a runner that died before
+/// writing one; a whole lease later it can ([`recovery::absent_lease`]). Lost with the process:
+/// a restarted sweeper only takes a lease longer to call such an attempt lost.
+#[derive(Debug, Default)]
+pub struct Sweeper {
+    absent_since: HashMap<String, Instant>,
+}
+
+impl Sweeper {
+    /// One pass over the live turns.
+    pub async fn pass(
+        &mut self,
+        bus: &Bus,
+        config: &Config,
+        counters: &Counters,
+    ) -> Result<SweepReport, BusError> {
+        let mut seen = HashSet::new();
+        let report = sweep_live(bus, config, counters, &mut |key: &str| {
+            seen.insert(key.to_owned());
+            let since = *self
+                .absent_since
+                .entry(key.to_owned())
+                .or_insert_with(Instant::now);
+            recovery::absent_lease(since.elapsed(), config.lease)
+        })
+        .await;
+        // Forget attempts no longer found without a lease (it came, or the turn moved on); a
+        // pass cut short saw only some, and forgets nothing.
+        if report.is_ok() {
+            self.absent_since.retain(|k, _| seen.contains(k));
+        }
+        report
+    }
+}
+
+/// One pass by a sweeper with no memory: a claimed attempt with no trace of a lease is judged
+/// not lost yet ([`Sweeper`] judges it over passes).
 pub async fn sweep_once(
     bus: &Bus,
     config: &Config,
     counters: &Counters,
+) -> Result<SweepReport, BusError> {
+    Sweeper::default().pass(bus, config, counters).await
+}
+
+/// How a claimed attempt's absent lease (by its key) is judged.
+type JudgeAbsent<'a> = dyn FnMut(&str) -> recovery::Lease + Send + 'a;
+
+async fn sweep_live(
+    bus: &Bus,
+    config: &Config,
+    counters: &Counters,
+    absent: &mut JudgeAbsent<'_>,
 ) -> Result<SweepReport, BusError> {
     let mut report = SweepReport::default();
     let mut keys = bus
@@ -62,7 +118,7 @@ pub async fn sweep_once(
                 .await;
             continue;
         };
-        if let Err(e) = sweep_turn(bus, config, counters, &turn, &mut report).await {
+        if let Err(e) = sweep_turn(bus, config, counters, &turn, &mut report, absent).await {
             warn!(turn_id = %turn, error = %e, "sweep could not settle this turn; next sweep retries");
         }
     }
@@ -75,6 +131,7 @@ async fn sweep_turn(
     counters: &Counters,
     turn: &TurnId,
     report: &mut SweepReport,
+    absent: &mut JudgeAbsent<'_>,
 ) -> Result<(), ApplyError> {
     let Some(current) = turns::load(bus, turn).await? else {
         // The dispatcher indexes a turn just before creating it: only an old entry is stale.
@@ -104,10 +161,10 @@ async fn sweep_turn(
             report.cleaned += 1;
         }
         recovery::Plan::CheckAttempt { .. } => {
-            check_attempt_alive(bus, config, counters, record, report).await?;
+            check_attempt_alive(bus, config, counters, record, report, absent).await?;
         }
         recovery::Plan::CheckDispatched { .. } => {
-            check_dispatched(bus, config, counters, record, report).await?;
+            check_dispatched(bus, config, counters, record, report, absent).await?;
         }
         recovery::Plan::Nothing => {}
     }
@@ -126,6 +183,7 @@ async fn check_attempt_alive(
     counters: &Counters,
     record: &TurnRecord,
     report: &mut SweepReport,
+    absent: &mut JudgeAbsent<'_>,
 ) -> Result<(), ApplyError> {
     let turn = &record.turn;
     let k = record.attempt;
@@ -133,11 +191,14 @@ async fn check_attempt_alive(
     if claim != recovery::Claim::Runner {
         return Ok(());
     }
-    // The runner made its lease before its claim: a claimed attempt whose lease is not live
-    // lost it to the server's TTL. No host's clock is compared with another's.
+    // Only the claimant writes the lease: a marker means the server let it lapse (its TTL) or
+    // it was taken away; no trace at all is judged by how long this sweeper has found none. No
+    // host's clock is compared with another's.
+    let key = subjects::claim_key(turn, k);
     let (lease, lapsed_at) = match turnpike_store::claims::lease(bus, turn, k).await? {
         Lease::Live => (recovery::Lease::Live, now()),
-        Lease::Lapsed(at) => (recovery::Lease::Lapsed, at.unwrap_or_else(now)),
+        Lease::Lapsed(at) => (recovery::Lease::Lapsed, at),
+        Lease::Absent => (absent(&key), now()),
     };
     let reported = lease == recovery::Lease::Lapsed && exit_reported(bus, turn, k).await;
     match recovery::judge_attempt(claim, lease, reported) {
@@ -148,6 +209,14 @@ async fn check_attempt_alive(
         }
         recovery::Attempt::Lost => {}
     }
+    // Leave a marker on the lease key first: a runner that could still write its first lease
+    // (it should have stopped its run by its deadline) finds it and stops; one whose lease
+    // came back meanwhile loses it at its next renewal. Expires by itself long after any
+    // runner's deadline.
+    bus.leases
+        .purge_with_ttl(&key, LOST_MARKER_TTL.max(config.lease * 4))
+        .await
+        .map_err(|e| BusError::kv(format!("mark lease {key} lost"), e))?;
     // Move the fence first, and only if attempt k could still hold it: from here on nothing of
     // the lost attempt can land, so the count below is final. A record read before a later
     // attempt took the fence is stale, and changes nothing.
@@ -208,6 +277,7 @@ async fn check_dispatched(
     counters: &Counters,
     record: &TurnRecord,
     report: &mut SweepReport,
+    absent: &mut JudgeAbsent<'_>,
 ) -> Result<(), ApplyError> {
     let turn = &record.turn;
     let k = record.attempt;
@@ -241,7 +311,7 @@ async fn check_dispatched(
     }
     match recovery::judge_retry(claimed, scheduled, queued) {
         recovery::Retry::CheckAttempt => {
-            return check_attempt_alive(bus, config, counters, record, report).await
+            return check_attempt_alive(bus, config, counters, record, report, absent).await
         }
         recovery::Retry::OnItsWay => {
             let waited = now().since(record.updated_at);
@@ -278,8 +348,9 @@ pub async fn run(
     interval: Duration,
     shutdown: tokio_util::sync::CancellationToken,
 ) {
+    let mut sweeper = Sweeper::default();
     loop {
-        match sweep_once(&bus, &config, &counters).await {
+        match sweeper.pass(&bus, &config, &counters).await {
             Ok(r) if r.runner_lost + r.rescheduled + r.queued_long + r.cleaned > 0 => {
                 info!(?r, "sweep settled turns")
             }

@@ -4,13 +4,15 @@
 //!
 //! - effects decided a while ago and still in the outbox are carried out again (idempotent),
 //!   but for a dispatch, which is looked for where it would be instead (below);
-//! - a current attempt that was claimed and whose lease lapsed, with no exit report on its way,
-//!   was lost with its runner: the sweep fences it out, counts what it landed and reports it;
+//! - a current attempt that was claimed and whose lease lapsed (or was never written, for a
+//!   whole lease since the sweep first looked), with no exit report on its way, was lost with its
+//!   runner: the sweep fences it out, counts what it landed and reports it;
 //! - an attempt owed (queued, or a pending retry) that is neither scheduled, queued nor claimed
 //!   is dispatched again.
 
 use crate::lifecycle::Effect;
 use crate::record::{TurnRecord, TurnState};
+use std::time::Duration;
 
 /// What to look at for one live turn.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -67,12 +69,33 @@ pub enum Claim {
     Runner,
 }
 
-/// An attempt's lease. A runner takes it before it claims the attempt, so for a claimed attempt
-/// a lease that is not live was lost to the server's TTL: no clocks compared.
+/// An attempt's lease, as the sweep judges it. A runner writes its lease one heartbeat after it
+/// claims the attempt (a run shorter than that writes none: most turns end within it), then
+/// renews it every heartbeat; one it cannot write or renew in time, it stops its run for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Lease {
+    /// Renewed within its TTL.
     Live,
+    /// Lapsed or taken away (the server left a marker), or no trace of one for a whole lease
+    /// since the sweep first found none ([`absent_lease`]): the runner is gone, or has stopped
+    /// its run by its own deadline.
     Lapsed,
+    /// No trace of one, for less than a whole lease since the sweep first found none: the run
+    /// may still be in its first heartbeat.
+    NotYet,
+}
+
+/// How a claimed attempt's lease of which there is no trace at all is judged, `absent_for` after
+/// the sweep first found none. Its runner writes one a heartbeat after the claim, or stops its
+/// run by `lease - heartbeat` after the claim; the sweep saw the claim when it first looked, so a
+/// whole `lease` later the runner has done one or the other. Both durations are measured on one
+/// host's monotonic clock: no clocks compared across hosts.
+pub fn absent_lease(absent_for: Duration, lease: Duration) -> Lease {
+    if absent_for >= lease {
+        Lease::Lapsed
+    } else {
+        Lease::NotYet
+    }
 }
 
 /// What the sweep concludes about a current attempt.
@@ -88,7 +111,9 @@ pub enum Attempt {
 
 pub fn judge_attempt(claim: Claim, lease: Lease, exit_reported: bool) -> Attempt {
     match (claim, lease) {
-        (Claim::None | Claim::Cancelled, _) | (Claim::Runner, Lease::Live) => Attempt::Fine,
+        (Claim::None | Claim::Cancelled, _) | (Claim::Runner, Lease::Live | Lease::NotYet) => {
+            Attempt::Fine
+        }
         (Claim::Runner, Lease::Lapsed) if exit_reported => Attempt::ExitOnItsWay,
         (Claim::Runner, Lease::Lapsed) => Attempt::Lost,
     }
@@ -122,8 +147,26 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_lease_never_written_is_lost_only_a_whole_lease_after_the_sweep_first_found_none() {
+        let lease = Duration::from_secs(6);
+        assert_eq!(absent_lease(Duration::ZERO, lease), Lease::NotYet);
+        assert_eq!(
+            absent_lease(lease - Duration::from_millis(1), lease),
+            Lease::NotYet
+        );
+        assert_eq!(absent_lease(lease, lease), Lease::Lapsed);
+        // A run in its first heartbeat (no lease yet) is fine, with or without its report.
+        for reported in [false, true] {
+            assert_eq!(
+                judge_attempt(Claim::Runner, Lease::NotYet, reported),
+                Attempt::Fine
+            );
+        }
+    }
+
+    #[test]
     fn only_a_claimed_attempt_whose_lease_lapsed_without_a_report_is_lost() {
-        for lease in [Lease::Live, Lease::Lapsed] {
+        for lease in [Lease::Live, Lease::Lapsed, Lease::NotYet] {
             for reported in [false, true] {
                 assert_eq!(judge_attempt(Claim::None, lease, reported), Attempt::Fine);
                 assert_eq!(

@@ -15,7 +15,10 @@
 //! back), a work item is delivered twice, a runner is cut off (its lease lapses; it stops its
 //! agent, as its lease deadline makes it), a publish's acknowledgement is lost, an exit report is
 //! lost. Not modelled: time (a schedule may fire, a lease of a dead or finished holder may
-//! lapse, at any moment), history text and attachments, deduplication windows (infinite here).
+//! lapse, at any moment; a lease not written yet may be judged absent for a whole lease, and a
+//! run without one has then stopped by its deadline), history text and attachments,
+//! deduplication windows (infinite here), the marker the sweep leaves on a lost attempt's lease
+//! key (defence in depth: a run that could still write its first lease stopped by then).
 //!
 //! Safety properties are [`stateright`] `always` properties ([`properties`]); liveness — from
 //! every reachable state, the work can still be finished without further faults — is checked by
@@ -53,6 +56,9 @@ pub struct Bugs {
     /// waiting: the release of the turn before it may find no record to admit, and it waits for
     /// ever.
     pub join_before_create: bool,
+    /// The sweep takes a claimed attempt with no lease yet for lost at once (the rule from when
+    /// the lease came before the claim), though a run writes its lease a heartbeat after it.
+    pub absent_lease_lost_at_once: bool,
 }
 
 /// One deployment to check.
@@ -151,7 +157,7 @@ pub enum Action {
         runner: RunnerIx,
         msg: u8,
     },
-    /// A runner's next request (lease, claim, fence, report, restart), or its run's end once stopped.
+    /// A runner's next request (claim, fence, lease, report, restart), or its run's end once stopped.
     Advance(RunnerIx),
     Start(RunnerIx),
     Say(RunnerIx),
@@ -174,7 +180,8 @@ pub enum Action {
     SweepTurn(Turn),
     Kill(Turn),
     /// A process's next step; `choice` is the sweep's "was the record written long ago?" or
-    /// the dispatcher's "is its read of the chat stale?".
+    /// "has a lease been absent for a whole lease?", or the dispatcher's "is its read of the
+    /// chat stale?".
     Step {
         proc: ProcIx,
         choice: bool,

@@ -6,6 +6,7 @@ use crate::runner;
 use crate::world::*;
 use crate::Protocol;
 use turnpike_core::chat::{self, Joined, Taken};
+use turnpike_core::exit::StopReason;
 use turnpike_core::fence::{self, FenceHolder, Kill};
 use turnpike_core::history::Budget;
 use turnpike_core::lifecycle::{self, Effect, Event, NewTurn, Step, Unchanged};
@@ -152,12 +153,13 @@ fn outbox(turn: Turn, snapshot: TurnRecord) -> Frame {
 }
 
 pub(crate) fn step(m: &Protocol, w: &mut World, p: ProcIx, choice: bool) -> bool {
-    // Only the sweep's plan step and the dispatcher's first step have a choice to make.
+    // Only the sweep's plan and judge steps and the dispatcher's first step have a choice to
+    // make.
     let chooses = matches!(
         w.procs[p],
         Proc {
             job: Some(Job::Sweep {
-                phase: SweepPhase::Read,
+                phase: SweepPhase::Read | SweepPhase::Judge { .. },
                 ..
             } | Job::Inbound {
                 phase: InboundPhase::Create,

@@ -19,7 +19,7 @@ pub(crate) fn take(_m: &Protocol, w: &mut World, r: RunnerIx, msg: u8) -> bool {
         return false;
     };
     m.held = Some(r);
-    w.runners[r] = Runner::Leasing {
+    w.runners[r] = Runner::Claiming {
         msg,
         turn: m.turn,
         attempt: m.attempt,
@@ -32,29 +32,10 @@ pub(crate) fn take(_m: &Protocol, w: &mut World, r: RunnerIx, msg: u8) -> bool {
 pub(crate) fn advance(m: &Protocol, w: &mut World, r: RunnerIx) -> bool {
     match w.runners[r].clone() {
         Runner::Idle => false,
-        // The lease first, then the claim.
-        Runner::Leasing { msg, turn, attempt } => {
-            let key = (turn, attempt);
-            if w.leases.contains_key(&key) {
-                if w.claims.contains_key(&key) {
-                    w.ack_work(msg);
-                } else {
-                    w.release_work(msg);
-                }
-                w.runners[r] = Runner::Idle;
-            } else {
-                w.leases.insert(key, r);
-                w.runners[r] = Runner::Claiming { msg, turn, attempt };
-            }
-            true
-        }
+        // The claim; the lease comes a heartbeat later, from the run.
         Runner::Claiming { msg, turn, attempt } => {
             let key = (turn, attempt);
             if w.claims.contains_key(&key) {
-                // Give back a lease that is not the claimant's.
-                if w.leases.get(&key) == Some(&r) {
-                    w.leases.remove(&key);
-                }
                 w.ack_work(msg);
                 w.runners[r] = Runner::Idle;
             } else {
@@ -91,9 +72,6 @@ pub(crate) fn advance(m: &Protocol, w: &mut World, r: RunnerIx) -> bool {
                 unreachable!("the model's fence append is atomic with its read")
             };
             w.ack_work(msg);
-            // The lease loop's first renewal finds a lease that lapsed meanwhile.
-            let stop =
-                (w.leases.get(&(turn, attempt)) != Some(&r)).then_some(StopReason::LeaseLost);
             w.runners[r] = Runner::Running(Run {
                 turn,
                 attempt,
@@ -102,13 +80,25 @@ pub(crate) fn advance(m: &Protocol, w: &mut World, r: RunnerIx) -> bool {
                 said: 0,
                 awaiting: false,
                 uncertain: false,
-                stop,
+                stop: None,
+                leased: false,
             });
             true
         }
         Runner::Running(run) => {
+            let Some(why) = run.stop else {
+                if run.leased {
+                    return false;
+                }
+                // The lease, a heartbeat after the claim (a run that ends first writes none).
+                // Only the claimant writes it; one the sweep gave up on has stopped by then.
+                w.leases.insert((run.turn, run.attempt), r);
+                if let Some(run) = running(w, r) {
+                    run.leased = true;
+                }
+                return true;
+            };
             // Stopped: the run ends (after any publish in progress is settled).
-            let Some(why) = run.stop else { return false };
             if run.awaiting {
                 return false;
             }

@@ -35,7 +35,7 @@ pub struct World {
     pub schedules: BTreeSet<(Turn, Attempt)>,
     /// `turnpike_claims`: created once per attempt.
     pub claims: BTreeMap<(Turn, Attempt), Claim>,
-    /// Runner leases (absent: never taken, lapsed, or given back).
+    /// Runner leases (absent: not written yet, or lapsed).
     pub leases: BTreeMap<(Turn, Attempt), RunnerIx>,
     /// Each turn's fence subject: markers in order (stream sequence = index + 1).
     pub fences: Vec<Vec<FenceMarker>>,
@@ -124,12 +124,7 @@ pub enum EventDelivery {
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum Runner {
     Idle,
-    /// Took work message `msg`; about to take the attempt's lease.
-    Leasing {
-        msg: u8,
-        turn: Turn,
-        attempt: Attempt,
-    },
+    /// Took work message `msg`; about to claim the attempt.
     Claiming {
         msg: u8,
         turn: Turn,
@@ -167,14 +162,15 @@ pub struct Run {
     /// A publish whose outcome the runner never learned: it may have landed.
     pub uncertain: bool,
     pub stop: Option<turnpike_core::exit::StopReason>,
+    /// Its lease is written: a heartbeat after the claim, unless the run ended first.
+    pub leased: bool,
 }
 
 impl Runner {
     pub fn attempt(&self) -> Option<(Turn, Attempt)> {
         match self {
             Runner::Idle | Runner::Down { .. } => None,
-            Runner::Leasing { turn, attempt, .. }
-            | Runner::Claiming { turn, attempt, .. }
+            Runner::Claiming { turn, attempt, .. }
             | Runner::Fencing { turn, attempt, .. }
             | Runner::Reporting { turn, attempt, .. } => Some((*turn, *attempt)),
             Runner::Running(r) => Some((r.turn, r.attempt)),
@@ -182,9 +178,7 @@ impl Runner {
     }
     pub fn work_msg(&self) -> Option<u8> {
         match self {
-            Runner::Leasing { msg, .. }
-            | Runner::Claiming { msg, .. }
-            | Runner::Fencing { msg, .. } => Some(*msg),
+            Runner::Claiming { msg, .. } | Runner::Fencing { msg, .. } => Some(*msg),
             _ => None,
         }
     }

@@ -242,3 +242,20 @@ fn joining_a_busy_chat_before_the_record_exists_wedges_it() {
         None,
     );
 }
+
+#[test]
+fn taking_an_attempt_with_no_lease_yet_for_lost_runs_two_agents() {
+    // Why the sweep gives a claimed attempt with no lease a whole lease before it calls it lost:
+    // a run writes its lease a heartbeat after its claim, so the old rule ("claimed and no live
+    // lease") declares a healthy run lost, and its retry starts beside it.
+    caught(
+        Protocol::new(1, 2, 1)
+            .with(|p| {
+                p.faults = 0;
+                // The sweep's pass and the retry's schedule, both while the first run goes on.
+                p.early_timers = 2;
+            })
+            .with(bug(|b| b.absent_lease_lost_at_once = true)),
+        Some(ONE_LIVE_AGENT),
+    );
+}

@@ -49,11 +49,11 @@ async fn run(inner: Arc<Inner>, msg: async_nats::jetstream::Message, work: WorkI
     // The fence catches any kill this subscription misses (it is plain NATS).
     let kills = bus.client.subscribe(subjects::kill(&work.turn)).await.ok();
 
-    // The lease first, then the claim (see `claim::take`).
-    let Some(lease_seq) = crate::claim::take(&inner, &msg, &work).await else {
+    let claimed_at = std::time::Instant::now();
+    if !crate::claim::take(&inner, &msg, &work).await {
         return;
-    };
-    // The lease covers the attempt from before its claim until its exit is reported: while it lives
+    }
+    // The lease, from a heartbeat after the claim until the exit is reported: while it lives
     // (renewed every heartbeat), the attempt is ours and alive. A lease that lapses is never
     // renewed again, and stops the run.
     let (stop_tx, stop_rx) = watch::channel::<Option<StopReason>>(None);
@@ -65,7 +65,7 @@ async fn run(inner: Arc<Inner>, msg: async_nats::jetstream::Message, work: WorkI
         work.attempt,
         stop_tx.clone(),
         fence_rx,
-        lease_seq,
+        claimed_at,
     );
     let fenced = run_fenced(
         &inner,

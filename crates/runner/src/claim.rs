@@ -1,6 +1,6 @@
-//! Taking an attempt and letting it go: its lease, then its claim (exactly one runner runs an
-//! attempt, however often its work item is delivered; a delivery that cannot be taken now comes
-//! back), and fencing one of this runner's attempts out to settle what it landed.
+//! Taking an attempt and letting it go: its claim (exactly one runner runs an attempt, however
+//! often its work item is delivered; a delivery that cannot be taken now comes back), and fencing
+//! one of this runner's attempts out to settle what it landed.
 
 use crate::Inner;
 use async_nats::jetstream::kv::CreateErrorKind;
@@ -13,45 +13,15 @@ use turnpike_core::wire::{ClaimHolder, ClaimRecord, ExitReport, WorkItem};
 use turnpike_core::FORMAT_VERSION;
 use turnpike_jetstream::now;
 
-/// Take the attempt's lease and claim it; `Some(lease revision)` when it is ours. Otherwise the
-/// delivery has been answered (dropped as a duplicate, or handed back to be delivered again).
+/// Claim the attempt; `true` when it is ours. Otherwise the delivery has been answered (dropped
+/// as a duplicate, or handed back to be delivered again). The lease comes a heartbeat later, from
+/// the run itself (`lease::keep_alive`): most runs end before, and write none.
 pub(crate) async fn take(
     inner: &Inner,
     msg: &async_nats::jetstream::Message,
     work: &WorkItem,
-) -> Option<u64> {
+) -> bool {
     let bus = &inner.bus;
-    // The lease first, then the claim: so a claimed attempt without a live lease can only have
-    // lost it to the server's TTL, and the sweep needs no clock to tell a dead runner.
-    let key = subjects::claim_key(&work.turn, work.attempt);
-    let lease_seq = match crate::lease::take(inner, &key).await {
-        Ok(crate::lease::Taken::Ours(seq)) => seq,
-        Ok(crate::lease::Taken::Held) => {
-            // Another runner holds the attempt: if it claimed it, this delivery is a duplicate;
-            // if it has not yet, it may still fail to, so the item comes back.
-            match turnpike_store::claims::holder(&inner.bus, &work.turn, work.attempt).await {
-                Ok(Some(_)) => {
-                    info!("attempt already claimed; dropping this delivery");
-                    let _ = msg.double_ack().await;
-                }
-                _ => {
-                    debug!("another runner is taking this attempt; leaving this delivery");
-                    let _ = msg
-                        .ack_with(AckKind::Nak(Some(Duration::from_secs(1))))
-                        .await;
-                }
-            }
-            return None;
-        }
-        Err(e) => {
-            warn!(error = %e, "cannot take the lease; will be redelivered");
-            let _ = msg
-                .ack_with(AckKind::Nak(Some(Duration::from_secs(1))))
-                .await;
-            return None;
-        }
-    };
-
     // Claim: exactly one runner runs an attempt, however often its work item is delivered.
     let claim = ClaimRecord {
         v: FORMAT_VERSION,
@@ -69,7 +39,7 @@ pub(crate) async fn take(
             let _ = msg
                 .ack_with(AckKind::Nak(Some(Duration::from_secs(1))))
                 .await;
-            return None;
+            return false;
         }
     };
     match bus
@@ -77,27 +47,20 @@ pub(crate) async fn take(
         .create(subjects::claim_key(&work.turn, work.attempt), claim_bytes)
         .await
     {
-        Ok(_) => {}
+        Ok(_) => true,
         Err(e) if e.kind() == CreateErrorKind::AlreadyExists => {
             info!("attempt already claimed (or cancelled); dropping this delivery");
-            // The lease we took is not the claimant's: give it back, so it cannot hide the
-            // claimant's death from the sweep.
-            let _ = bus
-                .leases
-                .purge_expect_revision(&key, Some(lease_seq))
-                .await;
             let _ = msg.double_ack().await;
-            return None;
+            false
         }
         Err(e) => {
             warn!(error = %e, "cannot claim; will be redelivered");
             let _ = msg
                 .ack_with(AckKind::Nak(Some(Duration::from_secs(1))))
                 .await;
-            return None;
+            false
         }
     }
-    Some(lease_seq)
 }
 
 /// A publish whose outcome is unknown may still land: fence the attempt out first (nothing of it

@@ -73,77 +73,36 @@ async fn still_ours(inner: &Inner, key: &str) -> Result<Option<u64>, BusError> {
         .map(|l| l.seq))
 }
 
-/// What taking an attempt's lease came to.
-pub(crate) enum Taken {
-    /// Ours, at this sequence.
-    Ours(u64),
-    /// Another runner holds a live lease on it: it is taking or running the attempt.
-    Held,
-}
-
-/// Create the attempt's lease, before claiming it (so a claimed attempt without a live lease has
-/// lost it to the server's TTL): expecting no lease yet, or the marker a lapsed one left.
-pub(crate) async fn take(inner: &Inner, key: &str) -> Result<Taken, BusError> {
-    let value = Bytes::from(inner.id.to_string());
-    for round in 0..5 {
-        // An attempt's lease is usually taken once, by one runner: first expect no lease at all
-        // (the same compare-and-set a read finding none would lead to), and read only if that
-        // fails.
-        let expect = if round == 0 {
-            0
-        } else {
-            match claims::last_value(&inner.bus, subjects::BUCKET_LEASES, key).await? {
-                None => 0,
-                Some(last) => match last.value {
-                    None => last.seq,
-                    // Ours already: a create whose ack we did not see.
-                    Some(v) if v == value => return Ok(Taken::Ours(last.seq)),
-                    Some(_) => return Ok(Taken::Held),
-                },
-            }
-        };
-        let lease = inner.config.lease;
-        match put_with_ttl(
-            inner,
-            subjects::BUCKET_LEASES,
-            key,
-            lease,
-            value.clone(),
-            Some(expect),
-        )
-        .await
-        {
-            Ok(seq) => return Ok(Taken::Ours(seq)),
-            Err(BusError::Fenced { .. }) => continue,
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(Taken::Held)
-}
-
-/// Hold the attempt's lease (taken at `seq` before the claim) until dropped, after the exit is
-/// reported: renew it every heartbeat by compare-and-set, and stop the run (`LeaseLost`) while one
-/// heartbeat of it is still left if renewals keep failing, or at once if it lapsed — a lapsed
-/// lease is never renewed again, since the coordinator may have declared the attempt lost. Once
-/// the attempt holds its fence (`fence`), each heartbeat also checks the fence is still its own, so
-/// a kill or loss it missed on the wire still stops it.
+/// Write the attempt's lease a heartbeat after its claim (sent at `claimed_at`), then hold it
+/// until dropped, after the exit is reported: renew it every heartbeat by compare-and-set, and
+/// stop the run (`LeaseLost`) while one heartbeat of it is still left if writes keep failing, or
+/// at once if it lapsed or was taken away — a lapsed lease is never renewed again, since the
+/// coordinator may have declared the attempt lost. The first write expects no trace of a lease,
+/// so a sweep that gave up on the attempt meanwhile (and left its marker) stops the run too. Once
+/// the attempt holds its fence (`fence`), each heartbeat also checks the fence is still its own,
+/// so a kill or loss it missed on the wire still stops it.
+///
+/// A run that ends within its first heartbeat writes no lease: the sweep gives a claimed attempt
+/// with no trace of one a whole lease before it calls it lost (`recovery::absent_lease`), by
+/// which time this loop has written it or stopped the run.
 pub(crate) fn keep_alive(
     inner: Arc<Inner>,
     turn: TurnId,
     attempt: u32,
     stop: Arc<watch::Sender<Option<StopReason>>>,
     fence: watch::Receiver<Option<u64>>,
-    taken: u64,
+    claimed_at: Instant,
 ) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         let key = subjects::claim_key(&turn, attempt);
         let lease = inner.config.lease;
         let beat = inner.config.heartbeat;
         let value = Bytes::from(inner.id.to_string());
-        // `last_ok` is when the last renewal that succeeded was *sent*: the server's TTL started
-        // no earlier than that. `seq` is the lease's sequence, none until it exists.
-        let mut last_ok = Instant::now();
-        let mut seq: Option<u64> = Some(taken);
+        // `last_ok` is when the last write that succeeded was *sent* (the server's TTL started
+        // no earlier than that), or the claim's, before the first. `seq` is the lease's
+        // sequence, none until it exists.
+        let mut last_ok = claimed_at;
+        let mut seq: Option<u64> = None;
         loop {
             // Stop the run while one heartbeat of the lease is still left. Both the wait and the
             // renewal are bounded by that deadline: checking only between renewals could miss

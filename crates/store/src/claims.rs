@@ -1,7 +1,8 @@
 //! Attempt claims (`turnpike_claims`, key `<turn>.<attempt>`) and leases (`turnpike_leases`, same
 //! key). A claim is created once by the runner that runs the attempt (or by a cancellation) and
-//! never changes; a lease is taken before the claim and renewed until the exit is reported. Both
-//! are read here from the stream leader, so an acknowledged write is never missed.
+//! never changes; a lease is written a heartbeat after the claim (a shorter run writes none) and
+//! renewed until the exit is reported. Both are read here from the stream leader, so an
+//! acknowledged write is never missed.
 
 use async_nats::jetstream::stream::LastRawMessageErrorKind;
 use bytes::Bytes;
@@ -80,25 +81,28 @@ pub async fn claim(
     })
 }
 
-/// An attempt's lease.
+/// An attempt's lease, as stored.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Lease {
     /// Renewed within its TTL.
     Live,
-    /// The server removed it when its TTL ran out, at this time (by the server's clock); or no
-    /// trace of it is left (`None`: its marker expired too).
-    Lapsed(Option<Timestamp>),
+    /// The server removed it when its TTL ran out, or the sweep took it away, at this time (by
+    /// the server's clock): a marker is left.
+    Lapsed(Timestamp),
+    /// No trace of one: not written yet (a run's first heartbeat), or lapsed so long ago that
+    /// its marker expired too. Only time tells which ([`turnpike_core::recovery::absent_lease`]).
+    Absent,
 }
 
-/// The lease of `attempt`. A runner takes it before it claims the attempt, so for a claimed
-/// attempt a lease that is not live has lapsed, judged by the server: no clocks compared.
+/// The lease of `attempt`. Only the runner that claimed the attempt writes it, so a marker means
+/// the claimant's lease lapsed (judged by the server: no clocks compared) or was taken away.
 pub async fn lease(bus: &Bus, turn: &TurnId, attempt: u32) -> Result<Lease, BusError> {
     let key = subjects::claim_key(turn, attempt);
     Ok(
         match last_value(bus, subjects::BUCKET_LEASES, &key).await? {
             Some(KvLast { value: Some(_), .. }) => Lease::Live,
-            Some(KvLast { time, .. }) => Lease::Lapsed(Some(time)),
-            None => Lease::Lapsed(None),
+            Some(KvLast { time, .. }) => Lease::Lapsed(time),
+            None => Lease::Absent,
         },
     )
 }

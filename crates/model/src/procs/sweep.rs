@@ -42,7 +42,7 @@ pub(super) fn sweep_step(
                 done(w);
                 w.procs[p].stack.push(outbox(t, snapshot));
             }
-            Plan::CheckAttempt { attempt } => judge_attempt(m, w, p, t, attempt),
+            Plan::CheckAttempt { attempt } => judge_attempt(m, w, p, t, attempt, choice),
             Plan::CheckDispatched { attempt } => {
                 let key = (t, attempt);
                 let claimed = w.claims.contains_key(&key);
@@ -52,7 +52,7 @@ pub(super) fn sweep_step(
                 let scheduled = w.schedules.contains(&key);
                 let queued = w.work.iter().any(|m| (m.turn, m.attempt) == key);
                 match recovery::judge_retry(claimed, scheduled, queued) {
-                    recovery::Retry::CheckAttempt => judge_attempt(m, w, p, t, attempt),
+                    recovery::Retry::CheckAttempt => judge_attempt(m, w, p, t, attempt, choice),
                     recovery::Retry::OnItsWay => done(w),
                     recovery::Retry::Reschedule => {
                         // Attempt 1 under its dedup id; a retry for its due time.
@@ -97,7 +97,19 @@ pub(super) fn sweep_step(
 }
 
 /// Is the current attempt alive? Claim, then lease, then whether its exit was reported.
-pub(super) fn judge_attempt(m: &Protocol, w: &mut World, p: ProcIx, t: Turn, attempt: Attempt) {
+///
+/// `long_absent`: no lease has been seen for a whole lease since the sweep first found none
+/// (`recovery::absent_lease`; the model has no time, so either may hold). By then a runner
+/// still running the attempt without a lease is past its own deadline: it stopped its run
+/// (`LeaseLost`), as a runner cut off does before its lease's TTL.
+pub(super) fn judge_attempt(
+    m: &Protocol,
+    w: &mut World,
+    p: ProcIx,
+    t: Turn,
+    attempt: Attempt,
+    long_absent: bool,
+) {
     let key = (t, attempt);
     let claim = match w.claims.get(&key) {
         None => recovery::Claim::None,
@@ -106,8 +118,19 @@ pub(super) fn judge_attempt(m: &Protocol, w: &mut World, p: ProcIx, t: Turn, att
     };
     let lease = if w.leases.contains_key(&key) {
         recovery::Lease::Live
-    } else {
+    } else if long_absent || m.bugs.absent_lease_lost_at_once {
+        if !m.bugs.absent_lease_lost_at_once {
+            for r in &mut w.runners {
+                if let Runner::Running(run) = r {
+                    if (run.turn, run.attempt) == key && !run.leased {
+                        run.stop.get_or_insert(StopReason::LeaseLost);
+                    }
+                }
+            }
+        }
         recovery::Lease::Lapsed
+    } else {
+        recovery::Lease::NotYet
     };
     let reported = lease == recovery::Lease::Lapsed
         && w.events

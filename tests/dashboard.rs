@@ -12,6 +12,7 @@ use turnpike_dashboard::{Access, Dashboard, SessionKey, Users};
 use turnpike_testkit::{eventually, free_port};
 use turnpike_tests::{
     csrf_of, dashboard_login, http, init_logs, kill_turn, send, wait_ended, wait_state, Pipeline,
+    ToldTurn,
 };
 
 const AGENT: &str = env!("CARGO_BIN_EXE_test-agent");

@@ -80,6 +80,36 @@ pub async fn send_message(
 
 pub use turnpike_test_agent::fnv1a;
 
+/// A running turn whose agent replies only when told (`reply-when-file`), then hangs: a test
+/// looks at the turn before and after its reply lands, with no timing involved.
+pub struct ToldTurn {
+    pub turn: TurnId,
+    go: std::path::PathBuf,
+}
+
+impl ToldTurn {
+    /// Send the turn's message and wait until the turn runs.
+    pub async fn start(bus: &Bus, chat: &str, id: &str) -> ToldTurn {
+        let go =
+            std::env::temp_dir().join(format!("turnpike-told-{}-{chat}-{id}", std::process::id()));
+        let _ = std::fs::remove_file(&go);
+        let turn = send(bus, chat, id, &format!("reply-when-file:{}", go.display())).await;
+        wait_state(bus, &turn, turnpike_core::TurnState::Running).await;
+        ToldTurn { turn, go }
+    }
+
+    /// Let the agent reply ("an answer, once told").
+    pub fn tell(&self) {
+        std::fs::write(&self.go, b"").expect("tell the agent");
+    }
+}
+
+impl Drop for ToldTurn {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.go);
+    }
+}
+
 /// A role in its own process (the `test-role` binary), killed -9 on drop.
 pub struct RoleProcess(std::process::Child);
 

@@ -352,6 +352,12 @@ async fn a_reply_stored_without_an_acknowledgement_is_never_followed_by_a_retry(
     }
 }
 
+/// A heartbeat far longer than the tests below last: no runner writes a lease meanwhile.
+fn long_heartbeat(c: &mut turnpike_config::Config) {
+    c.heartbeat = Duration::from_secs(20);
+    c.lease = Duration::from_secs(60);
+}
+
 /// Issue 19: a run writes its lease a heartbeat after its claim, so a run shorter than that
 /// writes none; and a sweep that finds a claimed attempt with no lease yet leaves it alone until
 /// it has found none for a whole lease (fails with the lease taken before the claim, and with the
@@ -359,11 +365,7 @@ async fn a_reply_stored_without_an_acknowledgement_is_never_followed_by_a_retry(
 #[tokio::test]
 async fn a_run_within_its_first_heartbeat_has_no_lease_and_is_not_declared_lost() {
     init_logs();
-    let p = Pipeline::start(AGENT, |c| {
-        c.heartbeat = Duration::from_secs(20);
-        c.lease = Duration::from_secs(60);
-    })
-    .await;
+    let p = Pipeline::start(AGENT, long_heartbeat).await;
     let quick = send(&p.bus, "chat-q", "q-1", "reply:quick").await;
     assert_eq!(wait_ended(&p.bus, &quick, T).await.state, TurnState::Done);
     let lease = p
@@ -374,16 +376,8 @@ async fn a_run_within_its_first_heartbeat_has_no_lease_and_is_not_declared_lost(
         .expect("read lease");
     assert!(lease.is_none(), "a short run wrote a lease: {lease:?}");
 
-    let go = std::env::temp_dir().join(format!("turnpike-first-beat-{}", std::process::id()));
-    let _ = std::fs::remove_file(&go);
-    let slow = send(
-        &p.bus,
-        "chat-s",
-        "s-1",
-        &format!("reply-when-file:{}", go.display()),
-    )
-    .await;
-    wait_state(&p.bus, &slow, TurnState::Running).await;
+    let told = ToldTurn::start(&p.bus, "chat-s", "s-1").await;
+    let slow = told.turn.clone();
     // Two passes of one sweeper, well within a lease of each other.
     let mut sweeper = turnpike_coordinator::sweep::Sweeper::default();
     for _ in 0..2 {
@@ -394,7 +388,7 @@ async fn a_run_within_its_first_heartbeat_has_no_lease_and_is_not_declared_lost(
         assert_eq!(report.runner_lost, 0, "{report:?}");
     }
     // The run is untouched: its reply lands, and the turn is still on its first attempt.
-    std::fs::write(&go, b"").expect("tell the agent");
+    told.tell();
     eventually(T, "the reply", || async {
         visible_items(&p.bus, "chat-s")
             .await
@@ -407,7 +401,6 @@ async fn a_run_within_its_first_heartbeat_has_no_lease_and_is_not_declared_lost(
     assert_eq!(record.attempts.len(), 1);
     assert!(record.attempts[0].exit.is_none(), "{record:#?}");
     kill_turn(&p.bus, &slow).await;
-    let _ = std::fs::remove_file(&go);
     p.stop().await;
 }
 
@@ -419,8 +412,7 @@ async fn a_run_within_its_first_heartbeat_has_no_lease_and_is_not_declared_lost(
 async fn an_attempt_without_a_lease_for_a_whole_lease_is_lost_and_its_lease_key_marked() {
     init_logs();
     let p = Pipeline::start(AGENT, |c| {
-        c.heartbeat = Duration::from_secs(20);
-        c.lease = Duration::from_secs(60);
+        long_heartbeat(c);
         c.max_turn_retry = 1;
     })
     .await;

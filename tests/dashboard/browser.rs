@@ -35,16 +35,8 @@ async fn an_operator_works_the_dashboard_in_a_real_browser() {
 
     // A running turn's page shows its reply as it lands, without a reload: the record says
     // nothing until the attempt ends, so the page reads the turn's output itself.
-    let go = std::env::temp_dir().join(format!("turnpike-dashboard-go-{}", std::process::id()));
-    let _ = std::fs::remove_file(&go);
-    let talking = send(
-        &p.bus,
-        "talking",
-        "m-talk",
-        &format!("reply-when-file:{}", go.display()),
-    )
-    .await;
-    wait_state(&p.bus, &talking, TurnState::Running).await;
+    let told = ToldTurn::start(&p.bus, "talking", "m-talk").await;
+    let talking = told.turn.clone();
     c.goto(&format!("{base}/turns/{talking}"))
         .await
         .expect("goto");
@@ -56,7 +48,7 @@ async fn an_operator_works_the_dashboard_in_a_real_browser() {
     mark_document(&c).await;
     // Once the page's event stream said hello it gets every change; count those from here.
     let seen = eventually(WAIT, "the page's event stream", || live_events(&c, 1)).await;
-    std::fs::write(&go, b"").expect("tell the agent");
+    told.tell();
     assert!(
         text(&c, "#replies li[data-attempt='1']")
             .await
@@ -91,7 +83,6 @@ async fn an_operator_works_the_dashboard_in_a_real_browser() {
         "shown while the attempt still runs"
     );
     kill_turn(&p.bus, &talking).await;
-    let _ = std::fs::remove_file(&go);
 
     // A turn that gives up appears on the errored list without a reload.
     c.goto(&format!("{base}/errored")).await.expect("goto");

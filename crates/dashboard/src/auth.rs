@@ -38,6 +38,17 @@ pub struct Users {
     by_name: HashMap<String, String>,
 }
 
+/// What is wrong with a line of the operators file.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum UsersLineError {
+    #[error("line {line}: expected name:hash")]
+    NoColon { line: usize },
+    #[error("line {line}: operator name {name:?} may use only letters, digits and _ . @ -")]
+    BadName { line: usize, name: String },
+    #[error("line {line}: the hash of {name} is not a PHC string (make one with `turnpike dashboard hash-password`)")]
+    NotPhc { line: usize, name: String },
+}
+
 impl Users {
     pub fn load(path: &Path) -> Result<Users, DashboardError> {
         let text = std::fs::read_to_string(path).map_err(|source| DashboardError::ReadFile {
@@ -46,31 +57,31 @@ impl Users {
         })?;
         Users::parse(&text).map_err(|why| DashboardError::BadFile {
             path: path.to_path_buf(),
-            why,
+            why: why.to_string(),
         })
     }
 
-    pub fn parse(text: &str) -> Result<Users, String> {
+    pub fn parse(text: &str) -> Result<Users, UsersLineError> {
         let mut by_name = HashMap::new();
         for (i, line) in text.lines().enumerate() {
-            let line = line.trim();
+            let (n, line) = (i + 1, line.trim());
             if line.is_empty() || line.starts_with('#') {
                 continue;
             }
             let Some((name, hash)) = line.split_once(':') else {
-                return Err(format!("line {}: expected name:hash", i + 1));
+                return Err(UsersLineError::NoColon { line: n });
             };
             if !valid_name(name) {
-                return Err(format!(
-                    "line {}: operator name {name:?} may use only letters, digits and _ . @ -",
-                    i + 1
-                ));
+                return Err(UsersLineError::BadName {
+                    line: n,
+                    name: name.to_owned(),
+                });
             }
             if PasswordHash::new(hash).is_err() {
-                return Err(format!(
-                    "line {}: the hash of {name} is not a PHC string (make one with `turnpike dashboard hash-password`)",
-                    i + 1
-                ));
+                return Err(UsersLineError::NotPhc {
+                    line: n,
+                    name: name.to_owned(),
+                });
             }
             by_name.insert(name.to_owned(), hash.to_owned());
         }
@@ -299,15 +310,19 @@ mod tests {
         let users =
             Users::parse(&format!("# operators\n\nalice:{h}\nbob@ex.org:{h}\n")).expect("ok");
         assert_eq!(users.len(), 2);
-        assert!(Users::parse("alice")
-            .expect_err("no colon")
-            .contains("line 1"));
-        assert!(Users::parse("al ice:$argon2id$x")
-            .expect_err("name")
-            .contains("name"));
-        assert!(Users::parse("alice:plaintext")
-            .expect_err("hash")
-            .contains("PHC"));
+        assert_eq!(
+            Users::parse("alice").expect_err("no colon"),
+            UsersLineError::NoColon { line: 1 }
+        );
+        assert_eq!(
+            Users::parse("# ops\nal ice:$argon2id$x").expect_err("name"),
+            UsersLineError::BadName {
+                line: 2,
+                name: "al ice".into()
+            }
+        );
+        let e = Users::parse("alice:plaintext").expect_err("hash");
+        assert!(e.to_string().contains("PHC"), "{e}");
     }
 
     #[test]

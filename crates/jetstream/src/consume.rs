@@ -84,7 +84,7 @@ pub async fn each_with_slot<F>(
     'pull: loop {
         let permit = tokio::select! {
             _ = shutdown.cancelled() => break 'pull,
-            p = slots.clone().acquire_many_owned(1) => match p { Ok(p) => p, Err(_) => break 'pull },
+            p = slots.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => break 'pull },
         };
         // This slot plus any others free now.
         let free = 1 + slots.available_permits();

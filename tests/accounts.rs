@@ -9,7 +9,7 @@ use turnpike_core::lifecycle::TurnState;
 use turnpike_core::wire::{Attachment, InboundMessage, OutboundItem, OutboundKind};
 use turnpike_core::{subjects, ChatId, TurnId, FORMAT_VERSION};
 use turnpike_jetstream::Bus;
-use turnpike_testkit::{test_password, NatsServer};
+use turnpike_testkit::{eventually, test_password, NatsServer};
 use turnpike_tests::*;
 
 const AGENT: &str = env!("CARGO_BIN_EXE_test-agent");
@@ -331,6 +331,73 @@ async fn the_dashboard_reads_and_acts_with_only_its_own_rights() {
 
     stop.cancel();
     serving.await.expect("join").expect("served");
+    for r in roles {
+        r.stop().await;
+    }
+}
+
+/// The coordinator's sweep declares a claimed attempt with no lease lost, holding only the
+/// `coordinator` user's rights: that includes leaving its marker on the lease key (the fault
+/// suite's cluster found a turn wedged when the marker's publish was refused).
+#[tokio::test]
+async fn the_sweep_declares_a_lease_less_attempt_lost_with_only_the_coordinators_rights() {
+    init_logs();
+    let server = NatsServer::start_with_accounts();
+    let base = Config {
+        heartbeat: Duration::from_secs(20),
+        lease: Duration::from_secs(60),
+        max_turn_retry: 1,
+        ..test_config(&server, AGENT)
+    };
+    let admin = Bus::connect(&as_role(&base, "admin"), "test-admin")
+        .await
+        .expect("admin creates the topology");
+    let roles = [
+        start_dispatcher(&as_role(&base, "dispatcher")).await,
+        start_runner(&as_role(&base, "runner")).await,
+    ];
+    let chat = chat_client(&server).await;
+    let turn = chat.send("lost", "l-1", "hang", vec![]).await;
+    // Running, and its lease not due for twenty seconds. No coordinator runs: the sweeper below
+    // is the only one, with a lease short enough to stand for the time that would pass.
+    eventually(T, "the attempt claimed", || async {
+        admin
+            .claims
+            .get(subjects::claim_key(&turn, 1))
+            .await
+            .ok()
+            .flatten()
+            .map(|_| ())
+    })
+    .await;
+    let coordinator = as_role(&base, "coordinator");
+    let bus = Bus::connect(&coordinator, "test-sweeper")
+        .await
+        .expect("the coordinator connects");
+    let sweep = Config {
+        lease: Duration::from_millis(300),
+        ..coordinator
+    };
+    let mut sweeper = turnpike_coordinator::sweep::Sweeper::default();
+    sweeper
+        .pass(&bus, &sweep, &Default::default())
+        .await
+        .expect("sweep");
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let report = sweeper
+        .pass(&bus, &sweep, &Default::default())
+        .await
+        .expect("sweep");
+    assert_eq!(report.runner_lost, 1, "{report:?}");
+    let log = server.log();
+    assert!(
+        !log.contains("Violation"),
+        "the sweep lacked a permission it needs:\n{}",
+        log.lines()
+            .filter(|l| l.contains("Violation"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
     for r in roles {
         r.stop().await;
     }

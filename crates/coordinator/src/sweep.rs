@@ -212,11 +212,15 @@ async fn check_attempt_alive(
     // Leave a marker on the lease key first: a runner that could still write its first lease
     // (it should have stopped its run by its deadline) finds it and stops; one whose lease
     // came back meanwhile loses it at its next renewal. Expires by itself long after any
-    // runner's deadline.
-    bus.leases
+    // runner's deadline. Defence in depth, not what makes the loss safe (the fence does), so a
+    // marker that cannot be written never keeps the attempt from being settled.
+    if let Err(e) = bus
+        .leases
         .purge_with_ttl(&key, LOST_MARKER_TTL.max(config.lease * 4))
         .await
-        .map_err(|e| BusError::kv(format!("mark lease {key} lost"), e))?;
+    {
+        warn!(turn_id = %turn, attempt = k, error = %e, "could not mark the lost attempt's lease; settling it anyway");
+    }
     // Move the fence first, and only if attempt k could still hold it: from here on nothing of
     // the lost attempt can land, so the count below is final. A record read before a later
     // attempt took the fence is stale, and changes nothing.

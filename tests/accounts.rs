@@ -15,6 +15,13 @@ use turnpike_tests::*;
 const AGENT: &str = env!("CARGO_BIN_EXE_test-agent");
 const T: Duration = Duration::from_secs(60);
 
+/// Nothing was refused: the server logs every permission violation.
+fn assert_no_violations(server: &NatsServer, what: &str) {
+    let log = server.log();
+    let refused: Vec<_> = log.lines().filter(|l| l.contains("Violation")).collect();
+    assert!(refused.is_empty(), "{what}:\n{}", refused.join("\n"));
+}
+
 /// The chat client: publishes inbound, uploads attachments, reads outbound. It has no `Bus`
 /// (which opens every bucket): a chat adapter has no business with the others.
 struct ChatClient {
@@ -127,15 +134,7 @@ async fn each_role_does_its_whole_job_with_only_its_own_rights() {
     assert!(seen.contains("a.txt"), "runner read the attachment: {seen}");
 
     // Nothing any role did was refused.
-    let log = server.log();
-    assert!(
-        !log.contains("Violation"),
-        "a role lacked a permission it needs:\n{}",
-        log.lines()
-            .filter(|l| l.contains("Violation"))
-            .collect::<Vec<_>>()
-            .join("\n")
-    );
+    assert_no_violations(&server, "a role lacked a permission it needs");
 
     // A chat user may not act as a runner, a coordinator or an operator.
     for forged in [
@@ -304,15 +303,7 @@ async fn the_dashboard_reads_and_acts_with_only_its_own_rights() {
     assert_eq!(killed.state, TurnState::Killed);
     assert_eq!(killed.kill.map(|k| k.by), Some("op".to_owned()));
 
-    let log = server.log();
-    assert!(
-        !log.contains("Violation"),
-        "the dashboard lacked a permission it needs:\n{}",
-        log.lines()
-            .filter(|l| l.contains("Violation"))
-            .collect::<Vec<_>>()
-            .join("\n")
-    );
+    assert_no_violations(&server, "the dashboard lacked a permission it needs");
     // It may not write state, publish for a chat, or pose as a runner or coordinator.
     let mut user = connect_as("dashboard", vec![server.url()]).await;
     for forged in [
@@ -389,15 +380,7 @@ async fn the_sweep_declares_a_lease_less_attempt_lost_with_only_the_coordinators
         .await
         .expect("sweep");
     assert_eq!(report.runner_lost, 1, "{report:?}");
-    let log = server.log();
-    assert!(
-        !log.contains("Violation"),
-        "the sweep lacked a permission it needs:\n{}",
-        log.lines()
-            .filter(|l| l.contains("Violation"))
-            .collect::<Vec<_>>()
-            .join("\n")
-    );
+    assert_no_violations(&server, "the sweep lacked a permission it needs");
     for r in roles {
         r.stop().await;
     }

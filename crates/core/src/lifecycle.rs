@@ -312,6 +312,7 @@ pub fn apply(record: &TurnRecord, event: &Event, now: Timestamp) -> Result<Step,
             if let (None, Some(start)) = (&a.runner, &report.started) {
                 a.runner = Some(start.runner.clone());
                 a.published_at = Some(start.published_at);
+                a.started_at = start.started_at;
             }
             a.exit = Some(report.clone());
             // The death is dated by `now`, the time of the event that reported it: the shells

@@ -79,9 +79,10 @@ async fn run(inner: Arc<Inner>, msg: async_nats::jetstream::Message, work: WorkI
     )
     .await;
     if let Some(mut report) = fenced {
-        report.started = Some(AttemptStart {
+        report.started.get_or_insert_with(|| AttemptStart {
             runner: inner.id.clone(),
             published_at,
+            started_at: None,
         });
         report_exit(&inner, &work, report).await;
     }
@@ -179,10 +180,12 @@ async fn run_fenced(
     });
 
     let mut lander = crate::land::Lander::new(inner, work, fence_seq);
+    let mut started_at = None;
     while let Some(chunk) = out_rx.recv().await {
         match chunk {
             // Only now is the turn running: the agent has started.
             Output::Started => {
+                started_at = Some(now());
                 emit(
                     inner,
                     work,
@@ -230,7 +233,11 @@ async fn run_fenced(
         messages_landed: landing.landed,
         replies: landing.replies,
         ended_at: now(),
-        started: None,
+        started: Some(AttemptStart {
+            runner: inner.id.clone(),
+            published_at,
+            started_at,
+        }),
     };
     if landing.uncertain {
         crate::claim::settle_uncertain(inner, work, &mut report).await?;

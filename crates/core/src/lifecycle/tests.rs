@@ -986,6 +986,7 @@ fn an_exit_report_handled_before_the_started_event_still_says_who_ran_the_attemp
             started: Some(AttemptStart {
                 runner: runner(7),
                 published_at: at(1),
+                started_at: Some(at(2)),
             }),
             ..report(ExitClass::Crashed, 0, at(2))
         },
@@ -994,6 +995,8 @@ fn an_exit_report_handled_before_the_started_event_still_says_who_ran_the_attemp
     let a = &pending.attempts[0];
     assert_eq!(a.runner, Some(runner(7)));
     assert_eq!(a.published_at, Some(at(1)));
+    // ... and when its agent started (pages and order checks read it; it was lost before).
+    assert_eq!(a.started_at, Some(at(2)));
     assert_eq!(pending.state, TurnState::PendingRetry);
     // Once started, a report's start changes nothing already recorded.
     let (running, _) = step(
@@ -1011,6 +1014,7 @@ fn an_exit_report_handled_before_the_started_event_still_says_who_ran_the_attemp
             started: Some(AttemptStart {
                 runner: runner(1),
                 published_at: at(1),
+                started_at: Some(at(2)),
             }),
             ..report(ExitClass::Clean, 0, at(2))
         },

@@ -189,6 +189,10 @@ pub struct ExitReport {
 pub struct AttemptStart {
     pub runner: RunnerId,
     pub published_at: Timestamp,
+    /// When its agent started, by the runner's clock (`None`: it never did). Without it a report
+    /// applied before its Started event would leave the attempt with no start time for good.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_at: Option<Timestamp>,
 }
 
 impl ExitReport {

@@ -132,6 +132,7 @@ fn every_message_round_trips_in_both_codecs() {
                     started: Some(AttemptStart {
                         runner: runner(),
                         published_at: at,
+                        started_at: Some(at),
                     }),
                 },
             }),

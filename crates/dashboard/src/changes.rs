@@ -6,7 +6,8 @@
 //! change no record until its attempt ends, and a missed one is caught by the pages' own
 //! periodic re-draw.
 
-use futures::StreamExt;
+use futures::{Stream, StreamExt};
+use std::future::Future;
 use std::time::Duration;
 use tokio::sync::broadcast;
 use tokio_util::sync::CancellationToken;
@@ -32,69 +33,80 @@ pub fn spawn(bus: Bus, shutdown: CancellationToken) -> broadcast::Sender<Change>
         ("chats", bus.chats.clone()),
         ("runners", bus.runners.clone()),
     ] {
-        let (tx, shutdown) = (tx.clone(), shutdown.clone());
-        let bucket = match name {
-            "turns" => subjects::BUCKET_TURNS,
-            "live" => subjects::BUCKET_LIVE,
-            "chats" => subjects::BUCKET_CHATS,
-            _ => subjects::BUCKET_RUNNERS,
-        };
-        tokio::spawn(async move {
-            let mut backoff = Duration::from_millis(200);
-            while !shutdown.is_cancelled() {
-                match store.watch_all().await {
-                    Ok(mut watch) => {
-                        backoff = Duration::from_millis(200);
-                        let _ = tx.send(Change {
-                            bucket: HELLO,
-                            key: String::new(),
-                        });
-                        loop {
-                            tokio::select! {
-                                _ = shutdown.cancelled() => return,
-                                e = watch.next() => match e {
-                                    Some(Ok(e)) => { let _ = tx.send(Change { bucket: name, key: e.key }); }
-                                    Some(Err(e)) => { tracing::warn!(bucket, error = %e, "dashboard watch failed; reopening"); break; }
-                                    None => break,
-                                }
-                            }
-                        }
-                    }
-                    Err(e) => {
-                        tracing::warn!(bucket, error = %e, "dashboard cannot watch; retrying")
-                    }
-                }
-                tokio::select! {
-                    _ = shutdown.cancelled() => return,
-                    _ = tokio::time::sleep(backoff) => {}
-                }
-                backoff = (backoff * 2).min(Duration::from_secs(5));
+        let open = move || {
+            let store = store.clone();
+            async move {
+                let watch = store.watch_all().await?;
+                Ok::<_, async_nats::jetstream::kv::WatchError>(watch.map(move |e| {
+                    e.map(|e| Change {
+                        bucket: name,
+                        key: e.key,
+                    })
+                    .map_err(|e| e.to_string())
+                }))
             }
-        });
+        };
+        tokio::spawn(follow(name, tx.clone(), shutdown.clone(), open));
     }
-    tokio::spawn(hear_output(bus, tx.clone(), shutdown));
+    // Tell pages a chat's output grew (a reply landed, a status, a notice).
+    let client = bus.client.clone();
+    let open = move || {
+        let client = client.clone();
+        async move {
+            let sub = client.subscribe(subjects::CHAT_OUT_ALL).await?;
+            let prefix = subjects::CHAT_OUT_ALL.trim_end_matches('>');
+            Ok::<_, async_nats::SubscribeError>(sub.map(move |m| {
+                Ok(Change {
+                    bucket: "out",
+                    key: m
+                        .subject
+                        .strip_prefix(prefix)
+                        .unwrap_or_default()
+                        .to_owned(),
+                })
+            }))
+        }
+    };
+    tokio::spawn(follow("out", tx.clone(), shutdown, open));
     tx
 }
 
-/// Tell pages a chat's output grew (a reply landed, a status, a notice). The client subscribes
-/// again by itself after a reconnect.
-async fn hear_output(bus: Bus, tx: broadcast::Sender<Change>, shutdown: CancellationToken) {
+/// Forward the changes of the stream `open` makes until shutdown, opening it again (backing off
+/// up to 5 s) when it fails or ends. Each opening first says [`HELLO`]: changes may have been
+/// missed while it was closed.
+async fn follow<S, E, F, Fut>(
+    what: &'static str,
+    tx: broadcast::Sender<Change>,
+    shutdown: CancellationToken,
+    mut open: F,
+) where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<S, E>>,
+    S: Stream<Item = Result<Change, String>>,
+    E: std::fmt::Display,
+{
     let mut backoff = Duration::from_millis(200);
     while !shutdown.is_cancelled() {
-        match bus.client.subscribe(subjects::CHAT_OUT_ALL).await {
-            Ok(mut sub) => loop {
-                tokio::select! {
-                    _ = shutdown.cancelled() => return,
-                    m = sub.next() => match m {
-                        Some(m) => {
-                            let chat = m.subject.strip_prefix(subjects::CHAT_OUT_ALL.trim_end_matches('>')).unwrap_or_default().to_owned();
-                            let _ = tx.send(Change { bucket: "out", key: chat });
+        match open().await {
+            Ok(changes) => {
+                backoff = Duration::from_millis(200);
+                let _ = tx.send(Change {
+                    bucket: HELLO,
+                    key: String::new(),
+                });
+                let mut changes = std::pin::pin!(changes);
+                loop {
+                    tokio::select! {
+                        _ = shutdown.cancelled() => return,
+                        c = changes.next() => match c {
+                            Some(Ok(c)) => { let _ = tx.send(c); }
+                            Some(Err(e)) => { tracing::warn!(what, error = %e, "dashboard lost its watch; reopening"); break; }
+                            None => break,
                         }
-                        None => break,
                     }
                 }
-            },
-            Err(e) => tracing::warn!(error = %e, "dashboard cannot hear chat output; retrying"),
+            }
+            Err(e) => tracing::warn!(what, error = %e, "dashboard cannot watch; retrying"),
         }
         tokio::select! {
             _ = shutdown.cancelled() => return,

@@ -142,6 +142,19 @@ async fn live_events(c: &Client, min: u64) -> Option<u64> {
     (n >= min).then_some(n)
 }
 
+/// The live view's count of change events of one bucket it heard, once it is at least `min`.
+async fn live_events_of(c: &Client, bucket: &str, min: u64) -> Option<u64> {
+    let n = c
+        .execute(
+            "const s = window.turnpikeLive; return s && s.by[arguments[0]] || 0;",
+            vec![json!(bucket)],
+        )
+        .await
+        .ok()?
+        .as_u64()?;
+    (n >= min).then_some(n)
+}
+
 async fn wait_gone(c: &Client, css: &str) {
     let c = c.clone();
     let css = css.to_owned();

@@ -48,6 +48,19 @@ async fn an_operator_works_the_dashboard_in_a_real_browser() {
     mark_document(&c).await;
     // Once the page's event stream said hello it gets every change; count those from here.
     let seen = eventually(WAIT, "the page's event stream", || live_events(&c, 1)).await;
+    // Another chat's output is not this page's business: published (and flushed) before the
+    // reply is told to land, it reaches the page's event stream first, and must not count.
+    p.bus
+        .client
+        .publish(
+            turnpike_core::subjects::chat_out(
+                &turnpike_core::ChatId::new("elsewhere").expect("chat id"),
+            ),
+            "not ours".into(),
+        )
+        .await
+        .expect("publish");
+    p.bus.client.flush().await.expect("flush");
     told.tell();
     assert!(
         text(&c, "#replies li[data-attempt='1']")
@@ -66,6 +79,11 @@ async fn an_operator_works_the_dashboard_in_a_real_browser() {
         live_events(&c, seen + 1)
     })
     .await;
+    let heard = eventually(WAIT, "the reply's output event", || {
+        live_events_of(&c, "out", 1)
+    })
+    .await;
+    assert_eq!(heard, 1, "only this chat's output is heard");
     assert!(
         text(&c, "ol.timeline")
             .await

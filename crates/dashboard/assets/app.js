@@ -35,9 +35,12 @@ document.addEventListener("submit", (ev) => {
   if (!main || !window.EventSource) return;
   const watched = new Set((main.dataset.watch || "").split(" ").filter(Boolean));
   if (watched.size === 0) return;
+  // Of some buckets the page shows only some keys (a turn's page: its own chat's output).
+  let keys = {};
+  try { keys = JSON.parse(main.dataset.keys || "{}"); } catch (_) { keys = {}; }
   let pending = false, running = false;
   // For operators' consoles and the browser tests: what the live view has seen.
-  const stats = (window.turnpikeLive = { events: 0, redraws: 0, failures: 0 });
+  const stats = (window.turnpikeLive = { events: 0, redraws: 0, failures: 0, by: {} });
   async function redraw() {
     pending = false;
     if (running) { pending = true; return; }
@@ -68,8 +71,11 @@ document.addEventListener("submit", (ev) => {
   // cache must not hold one open, or later pages of the dashboard would wait for a slot.
   window.addEventListener("pagehide", () => source.close());
   for (const bucket of watched) {
-    source.addEventListener(bucket, () => {
+    const only = Array.isArray(keys[bucket]) ? new Set(keys[bucket]) : null;
+    source.addEventListener(bucket, (ev) => {
+      if (only && !only.has(ev.data)) return;
       stats.events++;
+      stats.by[bucket] = (stats.by[bucket] || 0) + 1;
       if (!pending) { pending = true; setTimeout(redraw, 150); }
     });
   }

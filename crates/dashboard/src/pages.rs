@@ -28,10 +28,24 @@ pub struct Ctx<'a> {
 pub struct Page {
     pub title: String,
     pub watch: &'static str,
+    /// Of a watched bucket, the only keys the page shows (a bucket not named here: any key),
+    /// so that a busy deployment's other chats do not make every page re-draw.
+    pub keys: Vec<(&'static str, String)>,
     pub body: Markup,
 }
 
 pub fn layout(ctx: &Ctx, page: &Page) -> Markup {
+    // {"bucket": ["key", ...]}, for the live view (app.js).
+    let mut keys = serde_json::Map::new();
+    for (bucket, key) in &page.keys {
+        if let serde_json::Value::Array(list) = keys
+            .entry(*bucket)
+            .or_insert_with(|| serde_json::Value::Array(Vec::new()))
+        {
+            list.push(key.as_str().into());
+        }
+    }
+    let keys = serde_json::Value::Object(keys).to_string();
     html! {
         (DOCTYPE)
         html lang="en" {
@@ -57,7 +71,7 @@ pub fn layout(ctx: &Ctx, page: &Page) -> Markup {
                         button type="submit" { "Log out" }
                     }
                 }
-                main id="main" data-watch=(page.watch) { (page.body) }
+                main id="main" data-watch=(page.watch) data-keys=(keys) { (page.body) }
             }
         }
     }
@@ -206,6 +220,7 @@ pub fn not_found(what: &str) -> Page {
     Page {
         title: "Not found".into(),
         watch: "",
+        keys: Vec::new(),
         body: html! { h1 { "Not found" } p { (what) } },
     }
 }

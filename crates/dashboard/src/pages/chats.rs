@@ -29,6 +29,7 @@ pub fn errored(ctx: &Ctx, chats: &Paged<ChatRecord>, base: &str, flash_: Markup)
     Page {
         title: "Errored chats".into(),
         watch: "chats",
+        keys: Vec::new(),
         body,
     }
 }
@@ -82,6 +83,7 @@ pub fn chat(
     Page {
         title: format!("Chat {id}"),
         watch: "turns chats",
+        keys: Vec::new(),
         body,
     }
 }

@@ -61,6 +61,7 @@ pub fn overview(o: &Overview, now: Timestamp) -> Page {
     Page {
         title: "Overview".into(),
         watch: "turns live chats runners",
+        keys: Vec::new(),
         body,
     }
 }
@@ -89,6 +90,7 @@ pub fn runners(ctx: &Ctx, runners: &[RunnerPresence], stale_after_ms: u64) -> Pa
     Page {
         title: "Runners".into(),
         watch: "runners",
+        keys: Vec::new(),
         body,
     }
 }

@@ -43,6 +43,7 @@ pub fn live(
     Page {
         title: "Live turns".into(),
         watch: "turns live",
+        keys: Vec::new(),
         body,
     }
 }
@@ -121,6 +122,7 @@ pub fn turn(
     Page {
         title: format!("Turn {}", r.turn),
         watch: "turns out",
+        keys: vec![("out", r.chat.to_string())],
         body,
     }
 }

@@ -80,7 +80,7 @@ fn replies(items: &[OutboundItem]) -> Vec<&str> {
 async fn each_role_does_its_whole_job_with_only_its_own_rights() {
     init_logs();
     let server = NatsServer::start_with_accounts();
-    let (_, admin, roles) = pipeline_as_roles(&server).await;
+    let (admin, roles) = pipeline_as_roles(&test_config(&server, AGENT), &ALL_ROLES).await;
     let mut chat = chat_client(&server).await;
 
     // Upload an attachment as the chat user; the runner reads it.
@@ -199,19 +199,26 @@ async fn each_role_does_its_whole_job_with_only_its_own_rights() {
     }
 }
 
-/// The pipeline on the accounts server, each role as its own user: only admin may create the
-/// topology; the roles only open it. Returns the base config, admin's bus and the roles.
-async fn pipeline_as_roles(server: &NatsServer) -> (Config, Bus, [Role; 3]) {
-    let base = test_config(server, AGENT);
-    let admin = Bus::connect(&as_role(&base, "admin"), "test-admin")
+/// The pipeline's roles, each as its own user on the accounts server.
+const ALL_ROLES: [&str; 3] = ["dispatcher", "coordinator", "runner"];
+
+/// `roles` of the pipeline on the accounts server, each as its own user with `base`'s settings:
+/// only admin may create the topology; the roles only open it. Returns admin's bus and the roles.
+async fn pipeline_as_roles(base: &Config, roles: &[&str]) -> (Bus, Vec<Role>) {
+    let admin = Bus::connect(&as_role(base, "admin"), "test-admin")
         .await
         .expect("admin creates the topology");
-    let roles = [
-        start_dispatcher(&as_role(&base, "dispatcher")).await,
-        start_coordinator(&as_role(&base, "coordinator")).await,
-        start_runner(&as_role(&base, "runner")).await,
-    ];
-    (base, admin, roles)
+    let mut started = Vec::new();
+    for &role in roles {
+        let config = as_role(base, role);
+        started.push(match role {
+            "dispatcher" => start_dispatcher(&config).await,
+            "coordinator" => start_coordinator(&config).await,
+            "runner" => start_runner(&config).await,
+            other => panic!("no role {other}"),
+        });
+    }
+    (admin, started)
 }
 
 /// A role's config on the accounts server: its own user, its own reply prefix, no topology rights.
@@ -231,7 +238,8 @@ fn as_role(base: &Config, role: &str) -> Config {
 async fn the_dashboard_reads_and_acts_with_only_its_own_rights() {
     init_logs();
     let server = NatsServer::start_with_accounts();
-    let (base, admin, roles) = pipeline_as_roles(&server).await;
+    let base = test_config(&server, AGENT);
+    let (admin, roles) = pipeline_as_roles(&base, &ALL_ROLES).await;
     let chat = chat_client(&server).await;
     let done = chat.send("dash", "d-1", "reply:shown", vec![]).await;
     assert_eq!(wait_ended(&admin, &done, T).await.state, TurnState::Done);
@@ -340,13 +348,7 @@ async fn the_sweep_declares_a_lease_less_attempt_lost_with_only_the_coordinators
         max_turn_retry: 1,
         ..test_config(&server, AGENT)
     };
-    let admin = Bus::connect(&as_role(&base, "admin"), "test-admin")
-        .await
-        .expect("admin creates the topology");
-    let roles = [
-        start_dispatcher(&as_role(&base, "dispatcher")).await,
-        start_runner(&as_role(&base, "runner")).await,
-    ];
+    let (admin, roles) = pipeline_as_roles(&base, &["dispatcher", "runner"]).await;
     let chat = chat_client(&server).await;
     let turn = chat.send("lost", "l-1", "hang", vec![]).await;
     // Running, and its lease not due for twenty seconds. No coordinator runs: the sweeper below

@@ -409,14 +409,18 @@ async fn a_restarted_runner_counts_what_its_orphan_landed_before_reporting_it() 
         },
     );
     let turn = send(&bus, runner_id, "m-1", "reply-then-hang").await;
-    loop {
-        let m = out.next().await.expect("outbound");
-        let item: turnpike_core::wire::OutboundItem =
-            turnpike_jetstream::decode(m.headers.as_ref(), &m.payload).expect("item");
-        if item.kind == OutboundKind::Message {
-            break;
+    tokio::time::timeout(T, async {
+        loop {
+            let m = out.next().await.expect("outbound");
+            let item: turnpike_core::wire::OutboundItem =
+                turnpike_jetstream::decode(m.headers.as_ref(), &m.payload).expect("item");
+            if item.kind == OutboundKind::Message {
+                break;
+            }
         }
-    }
+    })
+    .await
+    .expect("the agent's reply landed (is the agent image built?)");
     runner.kill9();
     assert!(
         !containers_of(runner_id).await.is_empty(),

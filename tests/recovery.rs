@@ -106,7 +106,11 @@ async fn a_turn_killed_before_it_joined_its_chat_does_not_wedge_the_chat() {
     let first = TurnId::for_message(&ChatId::new("chat-w").expect("chat"), "m-1");
     let mut created = bus.turns.watch(first.as_str()).await.expect("watch");
     send(&bus, "chat-w", "m-1", "hang").await;
-    created.next().await.expect("created").expect("entry");
+    tokio::time::timeout(T, created.next())
+        .await
+        .expect("the turn created in time")
+        .expect("created")
+        .expect("entry");
     let reply = kill_turn(&bus, &first).await;
     assert!(reply.ok, "{reply:?}");
     let second = send(&bus, "chat-w", "m-2", "reply:after the kill").await;

@@ -248,14 +248,14 @@ pub async fn wait_state(bus: &Bus, turn: &TurnId, state: turnpike_core::TurnStat
     .await
 }
 
-/// Every message stored under `filter` in `stream`, oldest first, read through a consumer of
-/// its own, page after page until none is left.
+/// Every message stored under `filter` in `stream` when called, oldest first (and perhaps some
+/// stored meanwhile), read through a consumer of its own.
 pub async fn read_all(
     js: &async_nats::jetstream::Context,
     stream: &str,
     filter: &str,
 ) -> Vec<async_nats::jetstream::Message> {
-    let consumer = js
+    let mut consumer = js
         .get_stream(stream)
         .await
         .unwrap_or_else(|e| panic!("stream {stream}: {e}"))
@@ -268,23 +268,37 @@ pub async fn read_all(
         })
         .await
         .expect("ephemeral consumer");
+    // Read what the stream held when the consumer was made: a fetch that comes back empty says
+    // nothing (a busy cluster can take longer than one fetch to deliver the first message).
+    let want = consumer
+        .info()
+        .await
+        .unwrap_or_else(|e| panic!("consumer info on {stream}: {e}"))
+        .num_pending as usize;
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
     let mut out = Vec::new();
-    loop {
+    while out.len() < want {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "read {} of the {want} messages on {filter} in {stream} within 60 s",
+            out.len()
+        );
         let mut batch = consumer
             .fetch()
             .max_messages(1000)
-            .expires(Duration::from_millis(500))
+            .expires(Duration::from_secs(1))
             .messages()
             .await
             .expect("fetch");
-        let before = out.len();
-        while let Some(Ok(m)) = batch.next().await {
-            out.push(m);
-        }
-        if out.len() == before {
-            return out;
+        while let Some(m) = batch.next().await {
+            match m {
+                Ok(m) => out.push(m),
+                // Ended early (a timeout, a leader moved): the next fetch goes on from here.
+                Err(_) => break,
+            }
         }
     }
+    out
 }
 
 /// Outbound items stored under `filter` (one chat's subject, or all of them), in order.

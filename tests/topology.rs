@@ -231,3 +231,51 @@ async fn a_schedule_fires_on_the_work_subject_not_before_it_is_due() {
         .expect("fetch");
     assert!(again.next().await.is_none(), "fired more than once");
 }
+
+/// A replicated stream refuses a publish whose dedup id another publish is still proposing
+/// (10158, "duplicate message id is in process") instead of acknowledging it as a duplicate.
+/// Found by fault case f8: an operator's kill and the coordinator finishing the same turn
+/// published its final status at once, and the kill was answered "refused". Every publish of
+/// one id, however many race, is acknowledged, exactly one of them as the stored message.
+#[tokio::test]
+async fn racing_publishes_of_one_dedup_id_in_a_cluster_are_all_acknowledged() {
+    let nodes = NatsServer::cluster(3);
+    let client = nodes[0].client().await;
+    let js = jetstream::new(client);
+    turnpike_testkit::eventually(Duration::from_secs(30), "a replicated stream", || {
+        let js = js.clone();
+        async move {
+            js.get_or_create_stream(stream::Config {
+                name: "DEDUP".into(),
+                subjects: vec!["dedup.>".into()],
+                num_replicas: 3,
+                ..Default::default()
+            })
+            .await
+            .ok()
+        }
+    })
+    .await;
+    for round in 0..30 {
+        let sends = (0..8).map(|_| {
+            Publish::new(
+                turnpike_core::codec::Codec::Json,
+                format!("dedup.{round}"),
+                &serde_json::json!({ "round": round }),
+            )
+            .expect("encode")
+            .msg_id(&format!("id-{round}"))
+            .send(&js)
+        });
+        let acks = futures::future::join_all(sends).await;
+        let stored = acks
+            .iter()
+            .map(|a| match a {
+                Ok(ack) => !ack.duplicate,
+                Err(e) => panic!("round {round}: a racing duplicate was refused: {e}"),
+            })
+            .filter(|s| *s)
+            .count();
+        assert_eq!(stored, 1, "round {round}: stored once");
+    }
+}

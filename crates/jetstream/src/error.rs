@@ -116,9 +116,24 @@ pub fn lost_cas(e: &(dyn std::error::Error + 'static)) -> bool {
     false
 }
 
+/// Was a publish refused because another publish with the same dedup id (`Nats-Msg-Id`) is still
+/// being proposed? A replicated stream answers so (10158) instead of with the duplicate's ack;
+/// once the other is stored, the same publish is acknowledged as a duplicate.
+pub fn dedup_in_process(e: &(dyn std::error::Error + 'static)) -> bool {
+    use async_nats::jetstream::ErrorCode;
+    let mut next = Some(e);
+    while let Some(err) = next {
+        if let Some(js) = err.downcast_ref::<async_nats::jetstream::Error>() {
+            return js.error_code() == ErrorCode::STREAM_DUPLICATE_MESSAGE_CONFLICT;
+        }
+        next = err.source();
+    }
+    false
+}
+
 #[cfg(test)]
 mod tests {
-    use super::lost_cas;
+    use super::{dedup_in_process, lost_cas};
     use async_nats::jetstream::context::{PublishError, PublishErrorKind};
     use async_nats::jetstream::kv::{UpdateError, UpdateErrorKind};
 
@@ -181,6 +196,25 @@ mod tests {
         let e = BusError::kv("update turn t", update);
         assert!(std::error::Error::source(&e).is_some());
         assert!(lost_cas(&e));
+    }
+
+    /// As the fault suite's cluster answered a kill's final status, published at once by the
+    /// operator's kill and by the coordinator finishing the turn's effects.
+    #[test]
+    fn a_dedup_id_still_in_process_is_told_apart() {
+        use super::BusError;
+        let ack = PublishError::with_source(
+            PublishErrorKind::Other,
+            api_error(10158, "duplicate message id is in process"),
+        );
+        let e = BusError::publish("turnpike.chat.out.c", ack);
+        assert!(dedup_in_process(&e));
+        assert!(!lost_cas(&e));
+        let other = PublishError::with_source(
+            PublishErrorKind::Other,
+            api_error(10047, "insufficient resources"),
+        );
+        assert!(!dedup_in_process(&BusError::publish("s", other)));
     }
 
     #[test]

@@ -10,7 +10,7 @@ mod publish;
 pub mod topology;
 
 pub use connect::{connect, describe_servers};
-pub use error::{lost_cas, BusError};
+pub use error::{dedup_in_process, lost_cas, BusError};
 pub use publish::{
     dead_letter, decode, decode_kv, encode_headers, header_str, now, publish, publish_inbound,
     refuse, Publish,

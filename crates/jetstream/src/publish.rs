@@ -46,6 +46,10 @@ pub fn decode_kv<T: DeserializeOwned + Versioned>(bytes: &[u8]) -> Result<T, Cod
     }
 }
 
+/// Tries (backing off from 5 ms to 1 s, about 5 s in all) of a publish refused because its
+/// dedup id is still in process; past that it fails as any publish may (transient: retried).
+const DEDUP_IN_PROCESS_TRIES: usize = 12;
+
 /// One JetStream publish, built up and then sent; it waits for the server's ack.
 pub struct Publish {
     subject: String,
@@ -102,9 +106,31 @@ impl Publish {
     }
 
     pub async fn send(self, js: &Context) -> Result<PublishAck, BusError> {
+        // A replicated stream refuses a publish whose dedup id another publish is still
+        // proposing (two roles finishing the same effect at once); it is acknowledged as the
+        // duplicate it is once that one is stored, within a few milliseconds.
+        let mut wait = std::time::Duration::from_millis(5);
+        for _ in 0..DEDUP_IN_PROCESS_TRIES {
+            match self.send_once(js).await {
+                Err(e) if crate::dedup_in_process(&e) => {
+                    tracing::debug!(subject = %self.subject, "dedup id in process; publishing again");
+                    tokio::time::sleep(wait).await;
+                    wait = (wait * 2).min(std::time::Duration::from_secs(1));
+                }
+                sent => return sent,
+            }
+        }
+        self.send_once(js).await
+    }
+
+    async fn send_once(&self, js: &Context) -> Result<PublishAck, BusError> {
         let subject = self.subject.clone();
         let ack = js
-            .publish_with_headers(self.subject, self.headers, self.payload)
+            .publish_with_headers(
+                self.subject.clone(),
+                self.headers.clone(),
+                self.payload.clone(),
+            )
             .await
             .map_err(|e| BusError::publish(&subject, e))?;
         ack.await.map_err(|e| {

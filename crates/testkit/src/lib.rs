@@ -67,6 +67,35 @@ impl NatsServer {
         Self::start_in(store, Some(conf))
     }
 
+    /// `n` JetStream servers clustered over loopback routes: what a replicated stream does
+    /// (its answers differ from a single server's) without the fault suite's containers. Each
+    /// starts at once; JetStream is usable once they have elected a leader.
+    pub fn cluster(n: usize) -> Vec<NatsServer> {
+        let routes: Vec<u16> = (0..n).map(|_| free_port()).collect();
+        (0..n)
+            .map(|i| {
+                let store = tempfile::tempdir().expect("temp dir for the JetStream store");
+                let others: Vec<String> = routes
+                    .iter()
+                    .enumerate()
+                    .filter(|(j, _)| *j != i)
+                    .map(|(_, p)| format!("\"nats://127.0.0.1:{p}\""))
+                    .collect();
+                let conf = store.path().join("server.conf");
+                std::fs::write(
+                    &conf,
+                    format!(
+                        "server_name: n{i}\ncluster {{\n  name: turnpike-test\n  listen: \"127.0.0.1:{}\"\n  routes: [{}]\n}}\n",
+                        routes[i],
+                        others.join(", ")
+                    ),
+                )
+                .expect("write server.conf");
+                Self::start_in(store, Some(conf))
+            })
+            .collect()
+    }
+
     fn start_in(store: tempfile::TempDir, config: Option<PathBuf>) -> NatsServer {
         let env = match config {
             Some(_) => ROLES

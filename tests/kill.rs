@@ -105,3 +105,37 @@ async fn a_kill_the_runner_never_received_still_stops_its_run() {
         r.stop().await;
     }
 }
+
+/// The kill on the wire is what stops a run at once: with heartbeats ten minutes apart, the
+/// fence check cannot be what ends this run within a minute. (Runners hear kills on one
+/// subscription of their own and route them to the runs registered for them.)
+#[tokio::test]
+async fn a_kill_on_the_wire_stops_a_running_attempt_without_waiting_for_a_heartbeat() {
+    init_logs();
+    let server = turnpike_testkit::NatsServer::start();
+    let config = turnpike_config::Config {
+        heartbeat: Duration::from_secs(600),
+        lease: Duration::from_secs(1800),
+        ..test_config(&server, AGENT)
+    };
+    let roles = [
+        start_dispatcher(&config).await,
+        start_coordinator(&config).await,
+        start_runner(&config).await,
+    ];
+    let bus = Bus::connect(&config, "test").await.expect("bus");
+    let turn = send(&bus, "chat-w", "kill-wire-1", "hang").await;
+    wait_state(&bus, &turn, TurnState::Running).await;
+    let reply = kill_turn(&bus, &turn).await;
+    assert!(reply.ok, "{reply:?}");
+    let record = wait_ended(&bus, &turn, T).await;
+    assert_eq!(record.state, TurnState::Killed);
+    assert_eq!(
+        exit_report(&bus, &turn, 1).await.class,
+        ExitClass::OperatorKilled
+    );
+    assert_posted_nothing(&bus, "chat-w", &turn).await;
+    for r in roles {
+        r.stop().await;
+    }
+}

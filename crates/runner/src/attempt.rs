@@ -10,7 +10,6 @@ use std::sync::Arc;
 use std::time::SystemTime;
 use tokio::sync::{mpsc, watch};
 use tracing::{debug, info, warn, Instrument};
-use turnpike_core::subjects;
 use turnpike_core::wire::{AttemptStart, ExitReport, RunnerEventKind, WorkItem};
 use turnpike_core::Timestamp;
 use turnpike_jetstream::{decode, now};
@@ -39,15 +38,18 @@ pub(crate) async fn handle(inner: Arc<Inner>, msg: async_nats::jetstream::Messag
 }
 
 async fn run(inner: Arc<Inner>, msg: async_nats::jetstream::Message, work: WorkItem) {
-    let bus = &inner.bus;
     let published_at = msg
         .info()
         .map(|i| Timestamp::from_system_time(SystemTime::from(i.published)))
         .unwrap_or_else(|_| now());
 
     // Listen for kills before claiming: a kill sent at any moment after the claim reaches us.
-    // The fence catches any kill this subscription misses (it is plain NATS).
-    let kills = bus.client.subscribe(subjects::kill(&work.turn)).await.ok();
+    // The fence catches any kill the runner's subscription misses (it is plain NATS).
+    let (stop_tx, stop_rx) = watch::channel::<Option<StopReason>>(None);
+    let stop_tx = Arc::new(stop_tx);
+    let _kills = inner
+        .kills
+        .register(&work.turn, work.attempt, stop_tx.clone());
 
     let claimed_at = std::time::Instant::now();
     if !crate::claim::take(&inner, &msg, &work).await {
@@ -56,8 +58,6 @@ async fn run(inner: Arc<Inner>, msg: async_nats::jetstream::Message, work: WorkI
     // The lease, from a heartbeat after the claim until the exit is reported: while it lives
     // (renewed every heartbeat), the attempt is ours and alive. A lease that lapses is never
     // renewed again, and stops the run.
-    let (stop_tx, stop_rx) = watch::channel::<Option<StopReason>>(None);
-    let stop_tx = Arc::new(stop_tx);
     let (fence_tx, fence_rx) = watch::channel::<Option<u64>>(None);
     let lease = crate::lease::keep_alive(
         inner.clone(),
@@ -72,7 +72,6 @@ async fn run(inner: Arc<Inner>, msg: async_nats::jetstream::Message, work: WorkI
         &msg,
         &work,
         published_at,
-        kills,
         stop_tx,
         stop_rx,
         fence_tx,
@@ -97,7 +96,6 @@ async fn run_fenced(
     msg: &async_nats::jetstream::Message,
     work: &WorkItem,
     published_at: Timestamp,
-    kills: Option<async_nats::Subscriber>,
     stop_tx: Arc<watch::Sender<Option<StopReason>>>,
     stop_rx: watch::Receiver<Option<StopReason>>,
     fence_tx: watch::Sender<Option<u64>>,
@@ -167,8 +165,8 @@ async fn run_fenced(
     };
     let (out_tx, mut out_rx) = mpsc::channel::<Output>(64);
 
-    // Operator kills (subscribed before the claim), the time limit and a hard stop of the runner.
-    let causes = crate::stop::Causes::watch(inner, work, kills, &stop_tx);
+    // The time limit and a hard stop of the runner (operator kills are routed by `kills`).
+    let causes = crate::stop::Causes::watch(inner, &stop_tx);
 
     let backend_inner = inner.clone();
     let backend_spec = spec.clone();

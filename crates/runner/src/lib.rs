@@ -7,6 +7,7 @@ mod attempt;
 pub mod backend;
 mod claim;
 mod events;
+mod kills;
 mod land;
 /// How a run ended: the rules live in core, shared with the protocol model.
 pub use turnpike_core::exit as classify;
@@ -46,6 +47,8 @@ pub(crate) struct Inner {
     pub(crate) running: std::sync::atomic::AtomicU32,
     /// Work items refused (dead-lettered) since start.
     pub(crate) refused: std::sync::atomic::AtomicU64,
+    /// Where operator kills go: the runs registered for them.
+    pub(crate) kills: Arc<kills::Routes>,
 }
 
 pub struct Runner {
@@ -123,6 +126,7 @@ impl Runner {
                 hard_stop: CancellationToken::new(),
                 running: std::sync::atomic::AtomicU32::new(0),
                 refused: std::sync::atomic::AtomicU64::new(0),
+                kills: Arc::default(),
             }),
         })
     }
@@ -141,6 +145,15 @@ impl Runner {
             subjects::CONSUMER_RUNNERS,
         )
         .await?;
+        // Before any work is taken: a run registers for kills before its claim, and from then
+        // on this subscription hears them.
+        let kills = inner
+            .bus
+            .client
+            .subscribe(subjects::KILL_ALL)
+            .await
+            .map_err(|e| BusError::kv("subscribe to operator kills", e))?;
+        let kills = tokio::spawn(kills::route(inner.kills.clone(), kills));
         let slots = Arc::new(Semaphore::new(inner.config.runner_slots as usize));
         reap_orphans(&inner).await;
         let presence = tokio::spawn(announce(inner.clone()));
@@ -175,6 +188,7 @@ impl Runner {
             while tasks.join_next().await.is_some() {}
         }
         presence.abort();
+        kills.abort();
         // Going away: say so at once rather than letting the presence TTL run out.
         let _ = inner.bus.runners.purge(inner.id.as_str()).await;
         info!("runner stopped");

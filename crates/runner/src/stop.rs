@@ -3,12 +3,9 @@
 //! backend waits on, and [`StopReason::stands`] decides which one holds when several come.
 
 use crate::Inner;
-use futures::StreamExt;
 use std::sync::Arc;
 use tokio::sync::watch;
-use tracing::info;
 use turnpike_core::exit::StopReason;
-use turnpike_core::wire::{KillRequest, WorkItem};
 use turnpike_core::TurnId;
 
 /// The channel a run's stop reasons go into.
@@ -34,32 +31,12 @@ pub(crate) async fn fence_moved(inner: &Inner, turn: &TurnId, ours: u64) -> Stop
     }
 }
 
-/// The tasks that turn a run's outside causes (an operator's kill, the time limit, the runner's
-/// hard stop) into stop requests. Stopped when dropped.
+/// The tasks that turn a run's outside causes (the time limit, the runner's hard stop) into stop
+/// requests; operator kills reach the run through [`crate::kills`]. Stopped when dropped.
 pub(crate) struct Causes(Vec<tokio::task::JoinHandle<()>>);
 
 impl Causes {
-    /// `kills` is the turn's kill subscription, taken before the claim so no kill sent after
-    /// the claim is missed (the fence catches any the plain-NATS subscription does miss).
-    pub(crate) fn watch(
-        inner: &Arc<Inner>,
-        work: &WorkItem,
-        kills: Option<async_nats::Subscriber>,
-        stop: &Arc<Stop>,
-    ) -> Causes {
-        let attempt = work.attempt;
-        let kill = {
-            let stop = stop.clone();
-            tokio::spawn(async move {
-                let Some(mut sub) = kills else { return };
-                while let Some(m) = sub.next().await {
-                    if KillRequest::targets(&m.payload, attempt) {
-                        info!("operator kill received");
-                        request(&stop, StopReason::Operator);
-                    }
-                }
-            })
-        };
+    pub(crate) fn watch(inner: &Arc<Inner>, stop: &Arc<Stop>) -> Causes {
         let timer = {
             let stop = stop.clone();
             let limit = inner.config.run_timeout;
@@ -76,7 +53,7 @@ impl Causes {
                 request(&stop, StopReason::Drain);
             })
         };
-        Causes(vec![kill, timer, drain])
+        Causes(vec![timer, drain])
     }
 }
 

@@ -4,6 +4,7 @@
 
 use fantoccini::{Client, ClientBuilder, Locator};
 use serde_json::json;
+use std::os::unix::process::CommandExt;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
@@ -24,7 +25,9 @@ const PASSWORD: &str = "correct horse battery staple";
 /// Every wait is bounded; none of them is a claim about speed.
 const WAIT: Duration = Duration::from_secs(60);
 
-/// chromedriver on a free port, killed on drop.
+/// chromedriver on a free port in a process group of its own, killed on drop with every
+/// Chromium it started (a test that panics never closes its session, and the browsers would
+/// outlive it).
 struct Driver(Child, u16);
 
 impl Driver {
@@ -35,6 +38,7 @@ impl Driver {
             .expect("chromedriver is not installed: `apt-get install chromium chromium-driver` (tests/run.sh does it)");
         let port = free_port();
         let child = Command::new(bin)
+            .process_group(0)
             .arg(format!("--port={port}"))
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -70,6 +74,10 @@ impl Driver {
 
 impl Drop for Driver {
     fn drop(&mut self) {
+        // The group's id is chromedriver's pid; only processes this test started are in it.
+        let _ = Command::new("kill")
+            .args(["-KILL", "--", &format!("-{}", self.0.id())])
+            .status();
         let _ = self.0.kill();
         let _ = self.0.wait();
     }

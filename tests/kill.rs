@@ -31,6 +31,18 @@ async fn assert_posted_nothing(bus: &Bus, chat: &str, turn: &TurnId) {
     );
 }
 
+/// The turn ends killed: its runner reports the attempt killed (however late it saw the kill),
+/// and, that report being its last act, nothing of it landed.
+async fn assert_killed(bus: &Bus, chat: &str, turn: &TurnId) {
+    let record = wait_ended(bus, turn, T).await;
+    assert_eq!(record.state, TurnState::Killed);
+    assert_eq!(
+        exit_report(bus, turn, 1).await.class,
+        ExitClass::OperatorKilled
+    );
+    assert_posted_nothing(bus, chat, turn).await;
+}
+
 #[tokio::test]
 async fn a_kill_sent_the_instant_the_attempt_is_claimed_sticks() {
     init_logs();
@@ -59,15 +71,7 @@ async fn a_kill_sent_the_instant_the_attempt_is_claimed_sticks() {
         .expect("entry");
     let reply = kill_turn(&bus, &turn).await;
     assert!(reply.ok, "{reply:?}");
-    let record = wait_ended(&bus, &turn, T).await;
-    assert_eq!(record.state, TurnState::Killed);
-    // The runner saw the kill, however late: it reports the attempt killed...
-    assert_eq!(
-        exit_report(&bus, &turn, 1).await.class,
-        ExitClass::OperatorKilled
-    );
-    // ... and, its report being its last act, nothing of it can land any more.
-    assert_posted_nothing(&bus, "chat-k", &turn).await;
+    assert_killed(&bus, "chat-k", &turn).await;
     runner.stop().await;
     for r in roles {
         r.stop().await;
@@ -93,13 +97,7 @@ async fn a_kill_the_runner_never_received_still_stops_its_run() {
     assert!(reply.ok, "{reply:?}");
     proxy.restore();
     // It still stops: the fence moved, and a running attempt checks its fence every heartbeat.
-    let record = wait_ended(&bus, &turn, T).await;
-    assert_eq!(record.state, TurnState::Killed);
-    assert_eq!(
-        exit_report(&bus, &turn, 1).await.class,
-        ExitClass::OperatorKilled
-    );
-    assert_posted_nothing(&bus, "chat-l", &turn).await;
+    assert_killed(&bus, "chat-l", &turn).await;
     runner.stop().await;
     for r in roles {
         r.stop().await;
@@ -128,13 +126,7 @@ async fn a_kill_on_the_wire_stops_a_running_attempt_without_waiting_for_a_heartb
     wait_state(&bus, &turn, TurnState::Running).await;
     let reply = kill_turn(&bus, &turn).await;
     assert!(reply.ok, "{reply:?}");
-    let record = wait_ended(&bus, &turn, T).await;
-    assert_eq!(record.state, TurnState::Killed);
-    assert_eq!(
-        exit_report(&bus, &turn, 1).await.class,
-        ExitClass::OperatorKilled
-    );
-    assert_posted_nothing(&bus, "chat-w", &turn).await;
+    assert_killed(&bus, "chat-w", &turn).await;
     for r in roles {
         r.stop().await;
     }

@@ -104,31 +104,31 @@ impl BusError {
 /// entry"). Both mean the same: another writer was first; re-read and try again.
 pub fn lost_cas(e: &(dyn std::error::Error + 'static)) -> bool {
     use async_nats::jetstream::ErrorCode;
+    api_error_code(e).is_some_and(|code| {
+        code == ErrorCode::STREAM_WRONG_LAST_SEQUENCE
+            || code == ErrorCode::STREAM_WRONG_LAST_SEQUENCE_CONSTANT
+    })
+}
+
+/// The JetStream API error code somewhere in `e`'s source chain, if any.
+fn api_error_code(
+    e: &(dyn std::error::Error + 'static),
+) -> Option<async_nats::jetstream::ErrorCode> {
     let mut next = Some(e);
     while let Some(err) = next {
         if let Some(js) = err.downcast_ref::<async_nats::jetstream::Error>() {
-            let code = js.error_code();
-            return code == ErrorCode::STREAM_WRONG_LAST_SEQUENCE
-                || code == ErrorCode::STREAM_WRONG_LAST_SEQUENCE_CONSTANT;
+            return Some(js.error_code());
         }
         next = err.source();
     }
-    false
+    None
 }
 
 /// Was a publish refused because another publish with the same dedup id (`Nats-Msg-Id`) is still
 /// being proposed? A replicated stream answers so (10158) instead of with the duplicate's ack;
 /// once the other is stored, the same publish is acknowledged as a duplicate.
 pub fn dedup_in_process(e: &(dyn std::error::Error + 'static)) -> bool {
-    use async_nats::jetstream::ErrorCode;
-    let mut next = Some(e);
-    while let Some(err) = next {
-        if let Some(js) = err.downcast_ref::<async_nats::jetstream::Error>() {
-            return js.error_code() == ErrorCode::STREAM_DUPLICATE_MESSAGE_CONFLICT;
-        }
-        next = err.source();
-    }
-    false
+    api_error_code(e) == Some(async_nats::jetstream::ErrorCode::STREAM_DUPLICATE_MESSAGE_CONFLICT)
 }
 
 #[cfg(test)]

@@ -78,14 +78,26 @@ async fn run(inner: Arc<Inner>, msg: async_nats::jetstream::Message, work: WorkI
     )
     .await;
     if let Some(mut report) = fenced {
-        report.started.get_or_insert_with(|| AttemptStart {
-            runner: inner.id.clone(),
-            published_at,
-            started_at: None,
-        });
+        report
+            .started
+            .get_or_insert_with(|| attempt_start(&inner, published_at, None));
         report_exit(&inner, &work, report).await;
     }
     lease.abort();
+}
+
+/// Who ran the attempt and when, as its exit report says (`started_at: None`: the agent never
+/// started).
+fn attempt_start(
+    inner: &Inner,
+    published_at: Timestamp,
+    started_at: Option<Timestamp>,
+) -> AttemptStart {
+    AttemptStart {
+        runner: inner.id.clone(),
+        published_at,
+        started_at,
+    }
 }
 
 /// Take the fence and, if it is ours, run the attempt; returns its exit report (`None`: what it
@@ -231,11 +243,7 @@ async fn run_fenced(
         messages_landed: landing.landed,
         replies: landing.replies,
         ended_at: now(),
-        started: Some(AttemptStart {
-            runner: inner.id.clone(),
-            published_at,
-            started_at,
-        }),
+        started: Some(attempt_start(inner, published_at, started_at)),
     };
     if landing.uncertain {
         crate::claim::settle_uncertain(inner, work, &mut report).await?;

@@ -52,7 +52,9 @@ const DEDUP_IN_PROCESS_TRIES: usize = 12;
 
 /// One JetStream publish, built up and then sent; it waits for the server's ack.
 pub struct Publish {
-    subject: String,
+    /// Shared bytes, like the payload: each try of [`Publish::send`] clones a pointer. The
+    /// headers are cloned per try (async-nats takes them by value and returns nothing on error).
+    subject: async_nats::Subject,
     headers: HeaderMap,
     payload: Bytes,
 }
@@ -64,7 +66,7 @@ impl Publish {
         value: &T,
     ) -> Result<Self, BusError> {
         Ok(Publish {
-            subject: subject.into(),
+            subject: async_nats::Subject::from(subject.into()),
             headers: encode_headers(codec),
             payload: Bytes::from(codec.encode(value)?),
         })
@@ -102,7 +104,7 @@ impl Publish {
     }
 
     pub fn subject(&self) -> &str {
-        &self.subject
+        self.subject.as_str()
     }
 
     pub async fn send(self, js: &Context) -> Result<PublishAck, BusError> {
@@ -124,7 +126,6 @@ impl Publish {
     }
 
     async fn send_once(&self, js: &Context) -> Result<PublishAck, BusError> {
-        let subject = self.subject.clone();
         let ack = js
             .publish_with_headers(
                 self.subject.clone(),
@@ -132,12 +133,14 @@ impl Publish {
                 self.payload.clone(),
             )
             .await
-            .map_err(|e| BusError::publish(&subject, e))?;
+            .map_err(|e| BusError::publish(self.subject.as_str(), e))?;
         ack.await.map_err(|e| {
             if e.kind() == PublishErrorKind::WrongLastSequence || crate::lost_cas(&e) {
-                BusError::Fenced { subject }
+                BusError::Fenced {
+                    subject: self.subject.to_string(),
+                }
             } else {
-                BusError::publish(subject, e)
+                BusError::publish(self.subject.as_str(), e)
             }
         })
     }

@@ -1062,3 +1062,148 @@ fn a_turn_admitted_at_creation_is_the_waiting_turn_admitted() {
     // Anything but a waiting turn is left as it is.
     assert_eq!(admitted_at_creation(&at_once, Vec::new()), at_once);
 }
+
+// ---------------------------------------------------------------------------------------------
+// Batches: a coordinator stores a turn's queued events in one write.
+
+/// The events applied one at a time, each result stored before the next (the shell's write per
+/// event): the record, the effects and each event's outcome.
+fn one_by_one(
+    start: &TurnRecord,
+    events: &[(&Event, Timestamp)],
+) -> (TurnRecord, Vec<Effect>, Vec<EventOutcome>) {
+    let mut r = start.clone();
+    let (mut effects, mut outcomes) = (Vec::new(), Vec::new());
+    for (ev, now) in events {
+        outcomes.push(match apply(&r, ev, *now) {
+            Ok(Step::Changed { record, effects: e }) => {
+                r = *record;
+                r.outbox = next_outbox(&r, &e);
+                effects.extend(e);
+                EventOutcome::Changed
+            }
+            Ok(Step::Unchanged(why)) => EventOutcome::Unchanged(why),
+            Err(e) => EventOutcome::Refused(e),
+        });
+    }
+    (r, effects, outcomes)
+}
+
+#[test]
+fn a_fast_attempts_started_and_exit_in_one_batch_end_the_turn_as_two_writes_would() {
+    let mut r = new_turn(3);
+    r.outbox = vec![Effect::DispatchAttempt {
+        attempt: 1,
+        not_before: None,
+    }];
+    let events = [
+        (
+            Event::Started {
+                attempt: 1,
+                runner: runner(1),
+                published_at: at(1),
+            },
+            at(2),
+        ),
+        (
+            Event::Exited {
+                attempt: 1,
+                report: ExitReport {
+                    replies: vec![40],
+                    ..report(ExitClass::Clean, 1, at(3))
+                },
+            },
+            at(3),
+        ),
+    ];
+    let events: Vec<(&Event, Timestamp)> = events.iter().map(|(e, t)| (e, *t)).collect();
+    let batch = apply_batch(&r, &events);
+    let (two_writes, effects, outcomes) = one_by_one(&r, &events);
+    assert_eq!(
+        batch.outcomes,
+        vec![EventOutcome::Changed, EventOutcome::Changed]
+    );
+    assert_eq!(batch.outcomes, outcomes);
+    assert_eq!(batch.effects, effects);
+    let done = batch.record.expect("changed");
+    assert_eq!(done, two_writes);
+    assert_eq!(done.state, TurnState::Done);
+    // The Started event proved attempt 1 dispatched: its dispatch is not owed any more, only
+    // what the exit decided.
+    assert!(!done
+        .outbox
+        .iter()
+        .any(|e| matches!(e, Effect::DispatchAttempt { .. })));
+    assert_eq!(done.attempts[0].started_at, Some(at(2)));
+    assert_eq!(done.attempts[0].runner, Some(runner(1)));
+}
+
+#[test]
+fn a_batch_that_changes_nothing_has_no_record_to_write() {
+    let r = new_turn(3);
+    let started = Event::Started {
+        attempt: 1,
+        runner: runner(1),
+        published_at: at(1),
+    };
+    let (running, _) = step(&r, started.clone(), at(2));
+    let landed_zero = Event::MessageLanded {
+        attempt: 1,
+        seq: 0,
+        stream_seq: None,
+    };
+    let batch = apply_batch(&running, &[(&started, at(3)), (&landed_zero, at(3))]);
+    assert_eq!(batch.record, None);
+    assert!(batch.effects.is_empty());
+    assert_eq!(
+        batch.outcomes,
+        vec![
+            EventOutcome::Unchanged(Unchanged::Duplicate),
+            EventOutcome::Refused(TransitionError::SeqZero)
+        ]
+    );
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 2000, ..ProptestConfig::default() })]
+
+    /// However a turn's events happen to be grouped into batches (by when they arrive), the
+    /// record stored last, the effects and each event's outcome are those of applying them one by
+    /// one with a write each.
+    #[test]
+    fn any_grouping_into_batches_is_the_same_as_one_write_per_event(
+        n in prop::sample::select(BUDGETS.to_vec()),
+        events in prop::collection::vec(arb_event(), 0..40),
+        cuts in prop::collection::vec(any::<bool>(), 40),
+    ) {
+        let mut start = new_turn(n);
+        start.outbox = vec![Effect::DispatchAttempt { attempt: 1, not_before: None }];
+        let timed: Vec<(&Event, Timestamp)> = events
+            .iter()
+            .enumerate()
+            .map(|(i, e)| (e, at(1000 + i as u64)))
+            .collect();
+        let (expected, expected_effects, expected_outcomes) = one_by_one(&start, &timed);
+        let (mut r, mut effects, mut outcomes) = (start, Vec::new(), Vec::new());
+        let mut group = Vec::new();
+        for (i, ev) in timed.iter().enumerate() {
+            group.push(*ev);
+            if cuts[i] || i + 1 == timed.len() {
+                let batch = apply_batch(&r, &group);
+                prop_assert_eq!(batch.outcomes.len(), group.len());
+                if let Some(changed) = batch.record {
+                    r = changed;
+                } else {
+                    prop_assert!(batch.effects.is_empty());
+                    prop_assert!(!batch.outcomes.contains(&EventOutcome::Changed));
+                }
+                effects.extend(batch.effects);
+                outcomes.extend(batch.outcomes);
+                group.clear();
+            }
+        }
+        prop_assert_eq!(r, expected);
+        prop_assert_eq!(effects, expected_effects);
+        prop_assert_eq!(outcomes, expected_outcomes);
+    }
+}

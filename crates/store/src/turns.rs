@@ -5,7 +5,7 @@
 use async_nats::jetstream::kv::{CreateErrorKind, UpdateErrorKind};
 use bytes::Bytes;
 use tracing::debug;
-use turnpike_core::lifecycle::{self, Effect, Event, Step, TransitionError, Unchanged};
+use turnpike_core::lifecycle::{self, Effect, Event, EventOutcome, TransitionError, Unchanged};
 use turnpike_core::{TurnId, TurnRecord};
 use turnpike_jetstream::{decode_kv, now, Bus, BusError};
 
@@ -209,8 +209,34 @@ pub async fn apply_event_from(
     turn: &TurnId,
     event: &Event,
     at: turnpike_core::Timestamp,
-    mut known: Option<Versioned>,
+    known: Option<Versioned>,
 ) -> Result<Applied, ApplyError> {
+    let batch = apply_events_from(bus, turn, &[(event, at)], known).await?;
+    match (batch.outcomes.into_iter().next(), batch.applied) {
+        (Some(EventOutcome::Refused(e)), _) => Err(e.into()),
+        (_, Some(applied)) => Ok(applied),
+        // Not reached: one event not refused leaves a record, changed or not.
+        (_, None) => Err(ApplyError::UnknownTurn(turn.clone())),
+    }
+}
+
+/// What applying a batch of one turn's events did.
+#[derive(Debug)]
+pub struct AppliedBatch {
+    /// Each event's outcome, in order (a refused one is for the caller to dead-letter).
+    pub outcomes: Vec<EventOutcome>,
+    /// The record and what the batch added to its outbox; `None` if every event was refused.
+    pub applied: Option<Applied>,
+}
+
+/// [`apply_event_from`] for several events of one turn, in order, stored in one write
+/// ([`lifecycle::apply_batch`]: the same record and outcomes as a write per event).
+pub async fn apply_events_from(
+    bus: &Bus,
+    turn: &TurnId,
+    events: &[(&Event, turnpike_core::Timestamp)],
+    mut known: Option<Versioned>,
+) -> Result<AppliedBatch, ApplyError> {
     for _ in 0..CAS_ATTEMPTS {
         let (current, from_known) = match known.take() {
             Some(v) => (v, true),
@@ -221,37 +247,43 @@ pub async fn apply_event_from(
                 false,
             ),
         };
-        let step = match lifecycle::apply(&current.record, event, at) {
-            // Refusals, too, only on a record read here.
-            Err(_) | Ok(Step::Unchanged(_)) if from_known => continue,
-            step => step?,
+        let batch = lifecycle::apply_batch(&current.record, events);
+        // Refusals, too, only on a record read here.
+        if from_known && batch.outcomes.iter().any(|o| *o != EventOutcome::Changed) {
+            continue;
+        }
+        let Some(record) = batch.record else {
+            let why = batch.outcomes.iter().rev().find_map(|o| match o {
+                EventOutcome::Unchanged(why) => Some(why.clone()),
+                _ => None,
+            });
+            return Ok(AppliedBatch {
+                applied: why.map(|why| Applied::Unchanged(why, current)),
+                outcomes: batch.outcomes,
+            });
         };
-        match step {
-            Step::Unchanged(why) => return Ok(Applied::Unchanged(why, current)),
-            Step::Changed { record, effects } => {
-                let mut record = *record;
-                record.outbox = lifecycle::next_outbox(&record, &effects);
-                match bus
-                    .turns
-                    .update(turn.as_str(), encode(bus, &record)?, current.revision)
-                    .await
-                {
-                    Ok(revision) => {
-                        return Ok(Applied::Changed {
-                            current: Versioned { record, revision },
-                            effects,
-                        })
-                    }
-                    Err(e)
-                        if e.kind() == UpdateErrorKind::WrongLastRevision
-                            || turnpike_jetstream::lost_cas(&e) =>
-                    {
-                        debug!(%turn, "turn record changed under us; re-reading");
-                        continue;
-                    }
-                    Err(e) => return Err(BusError::kv(format!("update turn {turn}"), e).into()),
-                }
+        match bus
+            .turns
+            .update(turn.as_str(), encode(bus, &record)?, current.revision)
+            .await
+        {
+            Ok(revision) => {
+                return Ok(AppliedBatch {
+                    outcomes: batch.outcomes,
+                    applied: Some(Applied::Changed {
+                        current: Versioned { record, revision },
+                        effects: batch.effects,
+                    }),
+                })
             }
+            Err(e)
+                if e.kind() == UpdateErrorKind::WrongLastRevision
+                    || turnpike_jetstream::lost_cas(&e) =>
+            {
+                debug!(%turn, "turn record changed under us; re-reading");
+                continue;
+            }
+            Err(e) => return Err(BusError::kv(format!("update turn {turn}"), e).into()),
         }
     }
     Err(BusError::kv(

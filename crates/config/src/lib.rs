@@ -157,6 +157,13 @@ pub struct Config {
     #[serde(with = "units::duration")]
     pub heartbeat: Duration,
 
+    // --- Coordinator --------------------------------------------------------------------------
+    /// How long the coordinator holds an attempt's start for more of its events, so that a short
+    /// run's start and exit reach the turn record in one write instead of two (`0s`: each event
+    /// is written at once). A turn shows "running" up to this much later; at most `10s`.
+    #[serde(with = "units::duration")]
+    pub event_batch_wait: Duration,
+
     // --- Retention (storage stays bounded) ----------------------------------------------------
     /// Turn records (live and finished), claims, leases and work items are kept this long after
     /// their last update.
@@ -251,6 +258,7 @@ impl Default for Config {
             scratch_dir: None,
             lease: Duration::from_secs(15),
             heartbeat: Duration::from_secs(5),
+            event_batch_wait: Duration::from_millis(100),
             retention_turns: Duration::from_secs(7 * 24 * 3600),
             retention_events: Duration::from_secs(7 * 24 * 3600),
             retention_chat: Duration::from_secs(30 * 24 * 3600),

@@ -114,6 +114,18 @@ fn bad_values_name_the_key_and_the_value() {
         assert!(err.contains("heartbeat") && err.contains("20s"), "{err}");
         Ok(())
     });
+    Jail::expect_with(|jail| {
+        jail.set_env("TURNPIKE_EVENT_BATCH_WAIT", "1m");
+        let err = Config::load(None).expect_err("refused").to_string();
+        assert!(
+            err.contains("event_batch_wait") && err.contains("1m"),
+            "{err}"
+        );
+        jail.set_env("TURNPIKE_EVENT_BATCH_WAIT", "0s");
+        let c = Config::load(None).expect("0s turns the wait off");
+        assert!(c.event_batch_wait.is_zero());
+        Ok(())
+    });
 }
 
 #[test]

@@ -116,6 +116,13 @@ impl Config {
                 ),
             ));
         }
+        if self.event_batch_wait > std::time::Duration::from_secs(10) {
+            return Err(invalid(
+                "event_batch_wait",
+                humantime::format_duration(self.event_batch_wait).to_string(),
+                "at most 10s: longer would hide a running turn from operators",
+            ));
+        }
         if self.run_timeout.is_zero() {
             return Err(invalid(
                 "run_timeout",

@@ -133,3 +133,138 @@ async fn a_join_at_a_stale_revision_queues_behind_the_turn_that_went_first() {
     assert_eq!(c.waiting, vec![second]);
     assert_eq!(c.inbound_seq, 2);
 }
+
+/// A runner's event for `turn` attempt 1, as runner `r1` publishes it.
+async fn publish_event(
+    bus: &Bus,
+    record: &turnpike_core::TurnRecord,
+    id: &str,
+    kind: turnpike_core::wire::RunnerEventKind,
+) {
+    let ev = turnpike_core::wire::RunnerEvent {
+        v: turnpike_core::FORMAT_VERSION,
+        turn: record.turn.clone(),
+        chat: record.chat.clone(),
+        attempt: 1,
+        runner: turnpike_core::RunnerId::new("r1").expect("id"),
+        at: turnpike_jetstream::now(),
+        kind,
+    };
+    turnpike_jetstream::publish(
+        &bus.js,
+        bus.codec,
+        subjects::events(&record.turn),
+        Some(id),
+        &ev,
+    )
+    .await
+    .expect("the events stream takes it");
+}
+
+/// Issue 19: a fast attempt's Started and Exited reach the coordinator together, and the turn
+/// record is written once for both (it was written once for each). A malformed event between
+/// them is refused alone. The events are in the stream before the coordinator starts, and it
+/// waits up to 10 s for more of a started turn, so the batch does not depend on timing.
+/// Failing first: on the coordinator before batches (7c483dd, without this test's setting) the
+/// record was written twice after its creation.
+#[tokio::test]
+async fn a_fast_attempts_start_and_exit_are_written_to_the_turn_record_at_once() {
+    use turnpike_core::wire::{ClaimHolder, ClaimRecord, RunnerEventKind};
+    let server = NatsServer::start();
+    let mut config = test_config(&server, AGENT);
+    config.event_batch_wait = Duration::from_secs(10);
+    // A dispatcher alone: attempt 1 is published, and nobody runs it but this test.
+    let p = Pipeline::start_on(server, config.clone(), 0, false).await;
+    let turn = send(&p.bus, "batch", "batch-m1", "x").await;
+    let queued = turnpike_testkit::eventually(T, "the turn admitted", || async {
+        turns::load(&p.bus, &turn)
+            .await
+            .ok()
+            .flatten()
+            .filter(|v| v.record.state == TurnState::Queued)
+    })
+    .await;
+    let claim = ClaimRecord {
+        v: 1,
+        turn: turn.clone(),
+        attempt: 1,
+        holder: ClaimHolder::Runner {
+            runner: turnpike_core::RunnerId::new("r1").expect("id"),
+        },
+        at: turnpike_jetstream::now(),
+    };
+    p.bus
+        .claims
+        .create(
+            subjects::claim_key(&turn, 1),
+            serde_json::to_vec(&claim).expect("json").into(),
+        )
+        .await
+        .expect("claimed");
+    let started_at = turnpike_jetstream::now();
+    publish_event(
+        &p.bus,
+        &queued.record,
+        "batch-started",
+        RunnerEventKind::Started {
+            published_at: started_at,
+        },
+    )
+    .await;
+    publish_event(
+        &p.bus,
+        &queued.record,
+        "batch-landed-0",
+        RunnerEventKind::MessageLanded {
+            seq: 0,
+            stream_seq: None,
+        },
+    )
+    .await;
+    publish_event(
+        &p.bus,
+        &queued.record,
+        "batch-exited",
+        RunnerEventKind::Exited {
+            report: ExitReport::without_output(
+                ExitClass::Clean,
+                "no reply",
+                turnpike_jetstream::now(),
+            ),
+        },
+    )
+    .await;
+    let coordinator = start_coordinator(&config).await;
+    let done = wait_ended(&p.bus, &turn, T).await;
+    assert_eq!(done.state, TurnState::Done);
+    let a = &done.attempts[0];
+    assert_eq!(
+        a.runner.as_ref().map(|r| r.as_str()),
+        Some("r1"),
+        "the start was applied"
+    );
+    assert!(a.started_at.is_some());
+    // Revisions are the bucket stream's sequence, and this is the only turn: their difference
+    // is the count of writes since the turn was admitted.
+    let last = turns::load(&p.bus, &turn)
+        .await
+        .expect("load")
+        .expect("record")
+        .revision;
+    assert_eq!(
+        last - queued.revision,
+        1,
+        "the turn record was written {} times after its creation: once per event",
+        last - queued.revision
+    );
+    let refused = turnpike_testkit::eventually(T, "the malformed event dead-lettered", || async {
+        dead_letters(&p.bus)
+            .await
+            .into_iter()
+            .find(|(_, reason)| reason.contains("start at 1; got 0"))
+    })
+    .await;
+    assert_eq!(dead_letters(&p.bus).await.len(), 1, "{refused:?}");
+    coordinator.stop().await;
+    p.stop().await;
+}

@@ -4,22 +4,25 @@
 //! memory; any number of coordinators may run at once.
 
 use async_nats::jetstream::AckKind;
+use batches::{Batches, Joined, Leading, Queued};
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::Semaphore;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn, Instrument};
 use turnpike_config::Config;
-use turnpike_core::lifecycle::Event;
+use turnpike_core::lifecycle::{Event, EventOutcome};
 use turnpike_core::subjects;
 use turnpike_core::wire::{ClaimHolder, RunnerEvent, RunnerEventKind};
-use turnpike_core::RunnerId;
+use turnpike_core::{RunnerId, TurnId};
 use turnpike_jetstream::{decode, Bus, BusError};
 use turnpike_store::turns::{self, Applied, ApplyError};
 
-/// Events applied at once by one coordinator (events of one turn may race; CAS sorts them out).
+/// Events handled at once by one coordinator (one turn's go in its batches, one batch at a time;
+/// other coordinators' writes race through CAS).
 const IN_FLIGHT: usize = 32;
 
+mod batches;
 pub mod counters;
 pub mod ops;
 mod recent;
@@ -126,23 +129,45 @@ impl Coordinator {
                 }
             })
         };
-        let slots = Arc::new(Semaphore::new(IN_FLIGHT));
+        let shared = Arc::new(Shared {
+            bus: self.bus.clone(),
+            counters: self.counters.clone(),
+            claims: self.claims.clone(),
+            recent: self.recent.clone(),
+            batches: Batches::default(),
+            slots: Arc::new(Semaphore::new(IN_FLIGHT)),
+            batch_wait: self.config.event_batch_wait,
+        });
         let tasks = tokio_util::task::TaskTracker::new();
         turnpike_jetstream::consume::each_message(&consumer, IN_FLIGHT, &shutdown, |msg| {
-            let (slots, tasks) = (slots.clone(), tasks.clone());
-            let shared = Shared {
-                bus: self.bus.clone(),
-                counters: self.counters.clone(),
-                claims: self.claims.clone(),
-                recent: self.recent.clone(),
-            };
+            let (shared, tasks) = (shared.clone(), tasks.clone());
             async move {
                 // Wait for a free slot before taking the next event (backpressure).
-                if let Ok(permit) = slots.acquire_owned().await {
-                    tasks.spawn(async move {
-                        handle(&shared, msg).await;
-                        drop(permit);
-                    });
+                let Ok(permit) = shared.slots.clone().acquire_owned().await else {
+                    return;
+                };
+                // Sorted here, one at a time: a turn's events join its batches in the order
+                // they were delivered (its start before its exit).
+                match sort(msg) {
+                    Sorted::Apply {
+                        turn,
+                        queued,
+                        lingers,
+                        wakes,
+                    } => {
+                        if let Joined::Lead { arrived } = shared.batches.join(&turn, queued, wakes)
+                        {
+                            tasks.spawn(async move {
+                                lead(&shared, &turn, lingers, arrived, permit).await
+                            });
+                        }
+                    }
+                    Sorted::Settle(msg, verdict, span) => {
+                        tasks.spawn(async move {
+                            settle(&shared, &msg, verdict).instrument(span).await;
+                            drop(permit);
+                        });
+                    }
                 }
             }
         })
@@ -183,71 +208,125 @@ struct Shared {
     counters: Arc<Counters>,
     claims: Arc<ClaimCache>,
     recent: Arc<recent::Recent>,
+    batches: Batches<Queued>,
+    /// The in-flight slots (a leader waiting for more of its turn gives its slot back meanwhile).
+    slots: Arc<Semaphore>,
+    /// How long a start waits for more of its turn (`event_batch_wait`).
+    batch_wait: Duration,
 }
 
-async fn handle(shared: &Shared, msg: async_nats::jetstream::Message) {
-    let (bus, counters, claims) = (&*shared.bus, &*shared.counters, &*shared.claims);
+/// What to do with a delivered event.
+#[allow(clippy::large_enum_variant)] // made and matched once per event: a box would only allocate
+enum Sorted {
+    /// Apply it with its turn's batch.
+    Apply {
+        turn: TurnId,
+        queued: Queued,
+        /// Wait for more of the turn before writing ([`batches::lingers`]).
+        lingers: bool,
+        /// Wake a leader waiting for more of the turn ([`batches::wakes`]).
+        wakes: bool,
+    },
+    /// Settle it now: nothing to apply (progress), or never applicable.
+    Settle(async_nats::jetstream::Message, Verdict, tracing::Span),
+}
+
+/// Decode and check what needs no IO; an event to apply is queued with its span and the time
+/// the server stored it.
+fn sort(msg: async_nats::jetstream::Message) -> Sorted {
     let ev: RunnerEvent = match decode(msg.headers.as_ref(), &msg.payload) {
         Ok(ev) => ev,
         Err(e) => {
-            return refuse(
-                bus,
-                counters,
-                &msg,
-                &format!("undecodable runner event: {e}"),
-            )
-            .await
+            let why = Verdict::Refuse(format!("undecodable runner event: {e}"));
+            return Sorted::Settle(msg, why, tracing::Span::none());
         }
     };
     let span = tracing::info_span!("event", turn_id = %ev.turn, attempt = ev.attempt,
         chat_id = %ev.chat, runner_id = %ev.runner);
-    async {
-        if msg.subject.as_str() != subjects::events(&ev.turn) {
-            return refuse(
-                bus,
-                counters,
-                &msg,
-                "event names another turn than its subject",
-            )
-            .await;
-        }
-        let Some(event) = lifecycle_event(&ev) else {
-            let _ = msg.ack().await;
-            return;
-        };
-        // Believed only from the runner that holds the attempt's claim: a runner's account may
-        // publish events for any turn, so the claim is what proves who runs an attempt.
-        let checked = claims.check(bus, &ev).await;
-        let applied = match checked {
-            Ok(()) => {
-                // The event's time by the server's clock: the one that fires retries.
-                let at = msg
-                    .info()
-                    .map(|i| {
-                        turnpike_core::Timestamp::from_system_time(std::time::SystemTime::from(
-                            i.published,
-                        ))
-                    })
-                    .unwrap_or_else(|_| turnpike_jetstream::now());
-                apply(shared, &ev, &event, at).await
-            }
-            Err(e) => Err(e),
-        };
-        match applied {
-            Ok(()) => {
-                let _ = msg.ack().await;
-            }
-            Err(e) if e.is_transient() => {
-                warn!(error = %e, "event not applied yet; will retry");
-                let _ = msg
-                    .ack_with(AckKind::Nak(Some(Duration::from_secs(1))))
-                    .await;
-            }
-            Err(e) => refuse(bus, counters, &msg, &e.to_string()).await,
+    if msg.subject.as_str() != subjects::events(&ev.turn) {
+        let why = Verdict::Refuse("event names another turn than its subject".to_owned());
+        return Sorted::Settle(msg, why, span);
+    }
+    let Some(event) = lifecycle_event(&ev) else {
+        return Sorted::Settle(msg, Verdict::Ack, span);
+    };
+    // The event's time by the server's clock: the one that fires retries.
+    let at = msg
+        .info()
+        .map(|i| {
+            turnpike_core::Timestamp::from_system_time(std::time::SystemTime::from(i.published))
+        })
+        .unwrap_or_else(|_| turnpike_jetstream::now());
+    Sorted::Apply {
+        turn: ev.turn.clone(),
+        lingers: batches::lingers(&event),
+        wakes: batches::wakes(&event),
+        queued: Queued {
+            ev,
+            event,
+            at,
+            msg,
+            span,
+        },
+    }
+}
+
+/// Lead a turn's batches: wait for more of the turn if the first event asks to, then apply
+/// batches until none is left.
+async fn lead(
+    shared: &Shared,
+    turn: &TurnId,
+    lingers: bool,
+    arrived: Arc<tokio::sync::Notify>,
+    permit: OwnedSemaphorePermit,
+) {
+    let mut permit = Some(permit);
+    if lingers && !shared.batch_wait.is_zero() {
+        // The slot serves other events meanwhile, this turn's exit among them.
+        drop(permit.take());
+        let _ = tokio::time::timeout(shared.batch_wait, arrived.notified()).await;
+        permit = shared.slots.clone().acquire_owned().await.ok();
+    }
+    let mut leading = Leading::new(&shared.batches, turn);
+    while let Some(batch) = leading.next_batch() {
+        apply(shared, turn, batch).await;
+    }
+    drop(permit);
+}
+
+/// What becomes of an event's message.
+#[derive(Clone)]
+enum Verdict {
+    Ack,
+    /// Not applied yet; redelivered in a second.
+    Later(String),
+    /// Never applicable: dead-lettered.
+    Refuse(String),
+}
+
+impl Verdict {
+    fn of(e: &ApplyError) -> Self {
+        if e.is_transient() {
+            Verdict::Later(e.to_string())
+        } else {
+            Verdict::Refuse(e.to_string())
         }
     }
-    .instrument(span)
-    .await
+}
+
+async fn settle(shared: &Shared, msg: &async_nats::jetstream::Message, verdict: Verdict) {
+    match verdict {
+        Verdict::Ack => {
+            let _ = msg.ack().await;
+        }
+        Verdict::Later(error) => {
+            warn!(%error, "event not applied yet; will retry");
+            let _ = msg
+                .ack_with(AckKind::Nak(Some(Duration::from_secs(1))))
+                .await;
+        }
+        Verdict::Refuse(reason) => refuse(&shared.bus, &shared.counters, msg, &reason).await,
+    }
 }
 
 /// The coordinator's one way to refuse an event: dead letter, counted, never redelivered.
@@ -260,44 +339,96 @@ async fn refuse(
     turnpike_jetstream::refuse(&bus.js, "coordinator", msg, reason, &counters.dead_lettered).await;
 }
 
-async fn apply(
-    shared: &Shared,
-    ev: &RunnerEvent,
-    event: &Event,
-    at: turnpike_core::Timestamp,
-) -> Result<(), ApplyError> {
-    let (bus, counters) = (&*shared.bus, &*shared.counters);
-    let _one_at_a_time = shared.recent.one_at_a_time(&ev.turn).await;
-    // At the revision this coordinator last wrote, if it did: no read before the write.
-    let known = shared.recent.get(&ev.turn);
-    let applied = match turns::apply_event_from(bus, &ev.turn, event, at, known).await {
-        Ok(applied) => applied,
-        Err(e) => {
-            shared.recent.forget(&ev.turn);
-            return Err(e);
-        }
-    };
-    match &applied {
-        Applied::Changed { current, effects } => {
-            info!(state = %current.record.state, retry_count = current.record.retry_count, "turn updated");
-            counters.applied(true);
-            counters.effects(effects);
-            counters.timings.observe(&current.record, event);
-        }
-        Applied::Unchanged(why, _) => {
-            debug!(?why, "event changed nothing");
-            counters.applied(false);
+/// Apply a batch of one turn's events: those from the runner holding their attempt's claim, in
+/// one write.
+async fn apply(shared: &Shared, turn: &TurnId, batch: Vec<Queued>) {
+    let bus = &*shared.bus;
+    // Believed only from the runner that holds the attempt's claim: a runner's account may
+    // publish events for any turn, so the claim is what proves who runs an attempt.
+    let mut believed = Vec::with_capacity(batch.len());
+    for q in batch {
+        match shared
+            .claims
+            .check(bus, &q.ev)
+            .instrument(q.span.clone())
+            .await
+        {
+            Ok(()) => believed.push(q),
+            Err(e) => {
+                settle(shared, &q.msg, Verdict::of(&e))
+                    .instrument(q.span)
+                    .await
+            }
         }
     }
-    // Whatever is still owed (ours, or left by a coordinator that died) is done now.
-    match turns::run_owed(bus, applied).await {
-        Ok(after) => {
-            shared.recent.remember(after);
-            Ok(())
-        }
+    if let Some(span) = believed.last().map(|q| q.span.clone()) {
+        write(shared, turn, believed).instrument(span).await;
+    }
+}
+
+/// Write a batch of believed events in one compare-and-set, carry out what is owed, and settle
+/// each event's message.
+async fn write(shared: &Shared, turn: &TurnId, batch: Vec<Queued>) {
+    let (bus, counters) = (&*shared.bus, &*shared.counters);
+    let events: Vec<(&Event, turnpike_core::Timestamp)> =
+        batch.iter().map(|q| (&q.event, q.at)).collect();
+    // At the revision this coordinator last wrote, if it did: no read before the write.
+    let known = shared.recent.get(turn);
+    let applied = match turns::apply_events_from(bus, turn, &events, known).await {
+        Ok(applied) => applied,
         Err(e) => {
-            shared.recent.forget(&ev.turn);
-            Err(e)
+            shared.recent.forget(turn);
+            let verdict = Verdict::of(&e);
+            for q in batch {
+                settle(shared, &q.msg, verdict.clone())
+                    .instrument(q.span)
+                    .await;
+            }
+            return;
         }
+    };
+    let changed = |o: &EventOutcome| *o == EventOutcome::Changed;
+    for o in applied
+        .outcomes
+        .iter()
+        .filter(|o| !matches!(o, EventOutcome::Refused(_)))
+    {
+        counters.applied(changed(o));
+    }
+    // Whatever is still owed (ours, or left by a coordinator that died) is done now.
+    let owed = match applied.applied {
+        Some(done) => {
+            match &done {
+                Applied::Changed { current, effects } => {
+                    info!(state = %current.record.state, retry_count = current.record.retry_count,
+                        events = events.len(), "turn updated");
+                    counters.effects(effects);
+                    for ((event, _), o) in events.iter().zip(&applied.outcomes) {
+                        if changed(o) {
+                            counters.timings.observe(&current.record, event);
+                        }
+                    }
+                }
+                Applied::Unchanged(why, _) => debug!(?why, "events changed nothing"),
+            }
+            match turns::run_owed(bus, done).await {
+                Ok(after) => {
+                    shared.recent.remember(after);
+                    Verdict::Ack
+                }
+                Err(e) => {
+                    shared.recent.forget(turn);
+                    Verdict::of(&e)
+                }
+            }
+        }
+        None => Verdict::Ack,
+    };
+    for (q, outcome) in batch.into_iter().zip(applied.outcomes) {
+        let verdict = match outcome {
+            EventOutcome::Refused(e) => Verdict::Refuse(ApplyError::from(e).to_string()),
+            _ => owed.clone(),
+        };
+        settle(shared, &q.msg, verdict).instrument(q.span).await;
     }
 }

@@ -1,12 +1,8 @@
 //! The turn records this coordinator last wrote, so that a turn's next event is applied at that
 //! revision without reading the record first. Decides nothing: a stale entry only fails its
 //! compare-and-set (the record is then read, as after any conflict), and a decision not to write
-//! is always made on a record read from the bucket (`turns::apply_event_from`).
-//!
-//! Events of one turn are applied one at a time here (a lock per stripe of turns): a fast
-//! attempt's Started and Exited arrive together, and applied side by side both read the record
-//! and one lost its compare-and-set. In turn, the second finds the first's revision kept. Other
-//! coordinators still race through compare-and-set, as before.
+//! is always made on a record read from the bucket (`turns::apply_events_from`). A turn's events
+//! are applied here one batch at a time (`batches`), so each batch finds the last one's revision.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -20,21 +16,9 @@ const BUDGET_BYTES: usize = 16 << 20;
 /// A record larger than this is not kept (it would crowd out dozens of ordinary ones).
 const LARGEST: usize = BUDGET_BYTES / 64;
 
-/// Stripes of the per-turn lock: enough that the events in flight (32) rarely share one.
-const STRIPES: usize = 256;
-
+#[derive(Default)]
 pub(crate) struct Recent {
     inner: Mutex<Entries>,
-    stripes: Vec<tokio::sync::Mutex<()>>,
-}
-
-impl Default for Recent {
-    fn default() -> Self {
-        Recent {
-            inner: Mutex::default(),
-            stripes: (0..STRIPES).map(|_| tokio::sync::Mutex::new(())).collect(),
-        }
-    }
 }
 
 #[derive(Default)]
@@ -49,14 +33,6 @@ fn estimate(record: &TurnRecord) -> usize {
 }
 
 impl Recent {
-    /// Hold the turn's stripe while applying one of its events (no other lock is taken inside).
-    pub(crate) async fn one_at_a_time(&self, turn: &TurnId) -> tokio::sync::MutexGuard<'_, ()> {
-        use std::hash::{Hash, Hasher};
-        let mut h = std::collections::hash_map::DefaultHasher::new();
-        turn.hash(&mut h);
-        self.stripes[(h.finish() as usize) % STRIPES].lock().await
-    }
-
     /// The record as this coordinator last wrote it, if it still keeps it.
     pub(crate) fn get(&self, turn: &TurnId) -> Option<Versioned> {
         let entries = self.inner.lock().ok()?;
@@ -166,23 +142,6 @@ mod tests {
         recent.remember(ended);
         assert!(recent.get(&turn).is_none());
         assert_eq!(recent.bytes(), 0);
-    }
-
-    #[test]
-    fn events_of_one_turn_wait_for_each_other() {
-        use futures::FutureExt;
-        let recent = Recent::default();
-        let turn = versioned("m1", 1, 1).record.turn;
-        let held = recent
-            .one_at_a_time(&turn)
-            .now_or_never()
-            .expect("a free turn is taken at once");
-        assert!(
-            recent.one_at_a_time(&turn).now_or_never().is_none(),
-            "a second event of the turn went while the first held it"
-        );
-        drop(held);
-        assert!(recent.one_at_a_time(&turn).now_or_never().is_some());
     }
 
     #[test]

@@ -59,6 +59,9 @@ pub struct Bugs {
     /// The sweep takes a claimed attempt with no lease yet for lost at once (the rule from when
     /// the lease came before the claim), though a run writes its lease a heartbeat after it.
     pub absent_lease_lost_at_once: bool,
+    /// A coordinator judges each event of a batch on the record as it read it, not on the one
+    /// the event before left, and writes the last change (an update lost inside one write).
+    pub batch_judged_on_the_read_record: bool,
 }
 
 /// One deployment to check.
@@ -82,6 +85,10 @@ pub struct Protocol {
     /// always may — that is how the sweep finds what was lost — and early, racing the other
     /// steps, a bounded number of times, like faults.
     pub early_timers: u8,
+    /// Coordinators may apply two events of a turn in one write (as a start that waits for its
+    /// attempt's exit does). Off by default: it adds states to every scenario, and the ones
+    /// that turn it on check it.
+    pub batches: bool,
     pub bugs: Bugs,
     pub(crate) ids: Ids,
 }
@@ -113,6 +120,7 @@ impl Protocol {
             killable: Vec::new(),
             says: 1,
             early_timers: 1,
+            batches: false,
             bugs: Bugs::default(),
             ids,
         }
@@ -172,6 +180,12 @@ pub enum Action {
     Land(InFlight),
     /// A coordinator takes an event.
     Deliver {
+        proc: ProcIx,
+        ev: usize,
+    },
+    /// A coordinator that took an event and has not written it yet takes another event of the
+    /// same turn into the same write (coordinator/src/batches.rs).
+    Batch {
         proc: ProcIx,
         ev: usize,
     },
@@ -372,12 +386,25 @@ impl Protocol {
         }
         out.extend(w.inflight.iter().map(|f| Action::Land(*f)));
         for p in 0..self.coordinators {
-            if w.procs[p].job.is_none() {
-                for (ev, e) in w.events.iter().enumerate() {
-                    if e.delivery == EventDelivery::Pending {
-                        out.push(Action::Deliver { proc: p, ev });
-                    }
+            let pending = w
+                .events
+                .iter()
+                .enumerate()
+                .filter(|(_, e)| e.delivery == EventDelivery::Pending);
+            match &w.procs[p].job {
+                None => out.extend(pending.map(|(ev, _)| Action::Deliver { proc: p, ev })),
+                Some(Job::Event {
+                    evs,
+                    applied: false,
+                }) if evs.len() == 1 && self.batches => {
+                    let turn = w.events[evs[0]].turn;
+                    out.extend(
+                        pending
+                            .filter(|(_, e)| e.turn == turn)
+                            .map(|(ev, _)| Action::Batch { proc: p, ev }),
+                    );
                 }
+                Some(_) => {}
             }
         }
         if w.procs[self.dispatcher()].job.is_none() {
@@ -438,6 +465,7 @@ impl Protocol {
             Action::CheckFence(r) => runner::check_fence(&mut w, r),
             Action::Land(f) => runner::land(&mut w, f),
             Action::Deliver { proc, ev } => procs::deliver(&mut w, proc, ev),
+            Action::Batch { proc, ev } => procs::batch(&mut w, proc, ev),
             Action::Dispatch(t) => procs::dispatch(self, &mut w, t),
             Action::SweepTurn(t) => procs::sweep_turn(self, &mut w, t),
             Action::Kill(t) => procs::kill(self, &mut w, t),

@@ -9,7 +9,7 @@ use turnpike_core::chat::{self, Joined, Taken};
 use turnpike_core::exit::StopReason;
 use turnpike_core::fence::{self, FenceHolder, Kill};
 use turnpike_core::history::Budget;
-use turnpike_core::lifecycle::{self, Effect, Event, NewTurn, Step, Unchanged};
+use turnpike_core::lifecycle::{self, Effect, Event, EventOutcome, NewTurn, Unchanged};
 use turnpike_core::recovery::{self, Plan};
 use turnpike_core::wire::{ExitClass, ExitReport, HistoryEntry, InboundMessage, OperatorAction};
 use turnpike_core::{Timestamp, TurnRecord};
@@ -36,7 +36,27 @@ pub(crate) fn deliver(w: &mut World, p: ProcIx, ev: usize) -> bool {
         return false;
     }
     w.events[ev].delivery = EventDelivery::Held(p);
-    w.procs[p].job = Some(Job::Event { ev, applied: false });
+    w.procs[p].job = Some(Job::Event {
+        evs: vec![ev],
+        applied: false,
+    });
+    true
+}
+
+pub(crate) fn batch(w: &mut World, p: ProcIx, ev: usize) -> bool {
+    let Some(Job::Event {
+        evs,
+        applied: false,
+    }) = &mut w.procs[p].job
+    else {
+        return false;
+    };
+    let same_turn = w.events.get(evs[0]).map(|e| e.turn) == w.events.get(ev).map(|e| e.turn);
+    if !same_turn || w.events[ev].delivery != EventDelivery::Pending || evs.contains(&ev) {
+        return false;
+    }
+    evs.push(ev);
+    w.events[ev].delivery = EventDelivery::Held(p);
     true
 }
 
@@ -95,7 +115,11 @@ pub(crate) fn kill(m: &Protocol, w: &mut World, t: Turn) -> bool {
 pub(crate) fn crash(w: &mut World, p: ProcIx) -> bool {
     let proc = std::mem::take(&mut w.procs[p]);
     match proc.job {
-        Some(Job::Event { ev, .. }) => w.events[ev].delivery = EventDelivery::Pending,
+        Some(Job::Event { evs, .. }) => {
+            for ev in evs {
+                w.events[ev].delivery = EventDelivery::Pending;
+            }
+        }
         Some(Job::Inbound { turn, .. }) => w.inbound[turn] = Delivery::Pending,
         Some(_) => {}
         None if proc.stack.is_empty() => return false,
@@ -107,23 +131,32 @@ pub(crate) fn crash(w: &mut World, p: ProcIx) -> bool {
 /// Apply `event` with compare-and-set; the record as stored afterwards, or `None` (no record,
 /// or an event that cannot be right: dead-lettered).
 fn apply(w: &mut World, t: Turn, event: &Event) -> Option<(TurnRecord, Option<Unchanged>)> {
+    apply_all(w, t, &[event])
+}
+
+/// Apply `events` in order with one compare-and-set (store/src/turns.rs `apply_events_from`):
+/// the record as stored afterwards, and why nothing changed if nothing did; `None` if there is
+/// no record or every event was refused (dead-lettered).
+fn apply_all(w: &mut World, t: Turn, events: &[&Event]) -> Option<(TurnRecord, Option<Unchanged>)> {
     let stored = w.turns[t].as_ref()?;
     let before = stored.record.state;
-    match lifecycle::apply(&stored.record, event, NOW).ok()? {
-        Step::Unchanged(why) => Some((stored.record.clone(), Some(why))),
-        Step::Changed { record, effects } => {
-            let mut record = *record;
-            record.outbox = lifecycle::next_outbox(&record, &effects);
-            if before == turnpike_core::TurnState::Waiting && record.state != before {
-                check_order(w, t);
-            }
-            w.turns[t] = Some(Stored {
-                record: record.clone(),
-            });
-            w.note_record(t);
-            Some((record, None))
-        }
+    let timed: Vec<(&Event, Timestamp)> = events.iter().map(|e| (*e, NOW)).collect();
+    let batch = lifecycle::apply_batch(&stored.record, &timed);
+    let Some(record) = batch.record else {
+        let why = batch.outcomes.into_iter().rev().find_map(|o| match o {
+            EventOutcome::Unchanged(why) => Some(why),
+            _ => None,
+        })?;
+        return Some((stored.record.clone(), Some(why)));
+    };
+    if before == turnpike_core::TurnState::Waiting && record.state != before {
+        check_order(w, t);
     }
+    w.turns[t] = Some(Stored {
+        record: record.clone(),
+    });
+    w.note_record(t);
+    Some((record, None))
 }
 
 /// Turn `t` leaves waiting: per-chat order says every earlier turn of the chat has ended.
@@ -178,33 +211,50 @@ pub(crate) fn step(m: &Protocol, w: &mut World, p: ProcIx, choice: bool) -> bool
         return false;
     };
     match job {
-        Job::Event { ev, applied: false } => {
-            let e = w.events[ev].clone();
-            let claimant = w.claims.get(&(e.turn, e.attempt)) == Some(&Claim::Runner(e.runner));
-            let event = match e.kind {
-                EventKind::Started => Event::Started {
-                    attempt: e.attempt,
-                    runner: m.ids.runners[e.runner].clone(),
-                    published_at: NOW,
-                },
-                EventKind::Exited { class, landed } => Event::Exited {
-                    attempt: e.attempt,
-                    report: report(class, landed),
-                },
-            };
+        Job::Event {
+            evs,
+            applied: false,
+        } => {
+            let turn = w.events[evs[0]].turn;
             // Only the attempt's claimant speaks for it; anything else is dead-lettered.
-            let applied = if claimant {
-                apply(w, e.turn, &event)
-            } else {
+            let believed: Vec<Event> = evs
+                .iter()
+                .map(|ev| &w.events[*ev])
+                .filter(|e| w.claims.get(&(e.turn, e.attempt)) == Some(&Claim::Runner(e.runner)))
+                .map(|e| match e.kind {
+                    EventKind::Started => Event::Started {
+                        attempt: e.attempt,
+                        runner: m.ids.runners[e.runner].clone(),
+                        published_at: NOW,
+                    },
+                    EventKind::Exited { class, landed } => Event::Exited {
+                        attempt: e.attempt,
+                        report: report(class, landed),
+                    },
+                })
+                .collect();
+            let applied = if believed.is_empty() {
                 None
+            } else if m.bugs.batch_judged_on_the_read_record {
+                let read = w.turns[turn].clone();
+                let mut last = None;
+                for event in &believed {
+                    w.turns[turn].clone_from(&read);
+                    last = apply(w, turn, event).or(last);
+                }
+                last
+            } else {
+                apply_all(w, turn, &believed.iter().collect::<Vec<_>>())
             };
-            if let Some(frame) = applied.and_then(|a| owed(w, e.turn, a)) {
+            if let Some(frame) = applied.and_then(|a| owed(w, turn, a)) {
                 w.procs[p].stack.push(frame);
             }
-            w.procs[p].job = Some(Job::Event { ev, applied: true });
+            w.procs[p].job = Some(Job::Event { evs, applied: true });
         }
-        Job::Event { ev, applied: true } => {
-            w.events[ev].delivery = EventDelivery::Acked;
+        Job::Event { evs, applied: true } => {
+            for ev in evs {
+                w.events[ev].delivery = EventDelivery::Acked;
+            }
             w.procs[p].job = None;
         }
         Job::Kill {

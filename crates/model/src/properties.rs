@@ -67,6 +67,21 @@ pub fn all() -> Vec<Property<Protocol>> {
                 .any(|m| m.holder == turnpike_core::fence::FenceHolder::Lost)
         }),
         Property::sometimes("every turn settles", |m: &Protocol, w: &World| m.settled(w)),
+        Property::sometimes("two events written at once", |_: &Protocol, w: &World| {
+            // A start and the exit of its attempt, applied in one write.
+            w.procs.iter().any(|p| match &p.job {
+                Some(Job::Event { evs, applied: true }) => {
+                    let kinds: Vec<_> = evs.iter().map(|ev| &w.events[*ev]).collect();
+                    kinds.len() == 2
+                        && kinds[0].attempt == kinds[1].attempt
+                        && kinds.iter().any(|e| e.kind == EventKind::Started)
+                        && kinds
+                            .iter()
+                            .any(|e| matches!(e.kind, EventKind::Exited { .. }))
+                }
+                _ => false,
+            })
+        }),
     ]
 }
 

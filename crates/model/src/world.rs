@@ -194,9 +194,10 @@ pub struct Proc {
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 #[allow(clippy::large_enum_variant)] // snapshots of records: clones are the model's cost anyway
 pub enum Job {
-    /// A coordinator applies event `ev` (index into `events`).
+    /// A coordinator applies events `evs` (indexes into `events`) of one turn, in one write:
+    /// the first it took, and one more of the turn it took before writing (a batch).
     Event {
-        ev: usize,
+        evs: Vec<usize>,
         applied: bool,
     },
     Sweep {

@@ -112,6 +112,27 @@ fn one_turn_killed_at_any_step_with_one_fault_anywhere() {
 }
 
 #[test]
+fn a_turns_events_written_in_one_batch_with_a_kill_and_a_fault_anywhere() {
+    // A coordinator writes a start and an exit at once (a batch), or each alone: the kill, a
+    // crash of the coordinator holding the batch, or a lost report may come between any steps.
+    holds(
+        Protocol::new(1, 1, 1).with(|p| {
+            p.faults = 1;
+            p.max_turn_retry = 1;
+            p.early_timers = 0;
+            p.killable = vec![0];
+            p.batches = true;
+        }),
+        &[
+            "a reply lands",
+            "a turn gives up",
+            "every turn settles",
+            "two events written at once",
+        ],
+    );
+}
+
+#[test]
 fn one_turn_with_two_faults() {
     holds(
         Protocol::new(1, 1, 1).with(|p| {
@@ -258,4 +279,17 @@ fn taking_an_attempt_with_no_lease_yet_for_lost_runs_two_agents() {
             .with(bug(|b| b.absent_lease_lost_at_once = true)),
         Some(ONE_LIVE_AGENT),
     );
+}
+
+#[test]
+fn a_batch_judged_on_the_record_as_read_loses_an_update() {
+    // An exit and then a late start of the same attempt in one write: judged on the record as
+    // read, the start overwrites the exit.
+    let m = Protocol::new(1, 1, 1)
+        .with(bug(|b| b.batch_judged_on_the_read_record = true))
+        .with(|p| {
+            p.faults = 0;
+            p.batches = true;
+        });
+    caught(m, Some(ONE_TERMINAL_STATE));
 }

@@ -100,21 +100,8 @@ fn one_turn_killed_at_any_step() {
 
 #[test]
 fn one_turn_killed_at_any_step_with_one_fault_anywhere() {
-    holds(
-        Protocol::new(1, 1, 1).with(|p| {
-            p.faults = 1;
-            p.max_turn_retry = 1;
-            p.early_timers = 0;
-            p.killable = vec![0];
-        }),
-        &["a reply lands", "a turn gives up", "every turn settles"],
-    );
-}
-
-#[test]
-fn a_turns_events_written_in_one_batch_with_a_kill_and_a_fault_anywhere() {
-    // A coordinator writes a start and an exit at once (a batch), or each alone: the kill, a
-    // crash of the coordinator holding the batch, or a lost report may come between any steps.
+    // With batches: a coordinator writes a start and an exit at once, or each alone; the kill,
+    // a crash of the coordinator holding the batch, or a lost report may come between any steps.
     holds(
         Protocol::new(1, 1, 1).with(|p| {
             p.faults = 1;

@@ -159,8 +159,10 @@ pub struct Config {
 
     // --- Coordinator --------------------------------------------------------------------------
     /// How long the coordinator holds an attempt's start for more of its events, so that a short
-    /// run's start and exit reach the turn record in one write instead of two (`0s`: each event
-    /// is written at once). A turn shows "running" up to this much later; at most `10s`.
+    /// run's start and exit reach the turn record in one write instead of two (`0s`: a start is
+    /// written at once; events that arrive together are still written together). The turn shows
+    /// "running", and names its runner, up to this much later: a reply may be visible before
+    /// the record says who runs the attempt. At most `10s`.
     #[serde(with = "units::duration")]
     pub event_batch_wait: Duration,
 
@@ -258,7 +260,7 @@ impl Default for Config {
             scratch_dir: None,
             lease: Duration::from_secs(15),
             heartbeat: Duration::from_secs(5),
-            event_batch_wait: Duration::from_millis(100),
+            event_batch_wait: Duration::ZERO,
             retention_turns: Duration::from_secs(7 * 24 * 3600),
             retention_events: Duration::from_secs(7 * 24 * 3600),
             retention_chat: Duration::from_secs(30 * 24 * 3600),

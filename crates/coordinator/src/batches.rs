@@ -4,11 +4,12 @@
 //! as a write per event), then the next batch, until none is left. Other coordinators still race
 //! through compare-and-set, as before.
 //!
-//! A fast attempt's Started and Exited arrive milliseconds apart. A Started event's leader waits
-//! up to `event_batch_wait` (configuration) for more of its turn before it writes, so such an
-//! attempt costs one record write instead of two. The wait only delays when the record first says "running", which it
-//! never promised to say at any moment: a Started event may always be applied late (events are
-//! handled concurrently), and the exit report carries who ran the attempt and when.
+//! A fast attempt's Started and Exited arrive milliseconds apart. With `event_batch_wait` set (it
+//! is off by default), a Started event's leader waits that long for more of its turn before it
+//! writes, so such an attempt costs one record write instead of two. The wait delays when the
+//! record first says "running" and names its runner: the exit report carries both, so no
+//! decision needs them earlier, but a watcher may see the reply first (the fault suite's case 9
+//! reads the runner from the record as soon as the reply is visible, so the default is 0s).
 
 use async_nats::jetstream::Message;
 use std::collections::HashMap;

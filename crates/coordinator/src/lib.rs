@@ -149,12 +149,10 @@ impl Coordinator {
                 // Sorted here, one at a time: a turn's events join its batches in the order
                 // they were delivered (its start before its exit).
                 match sort(msg) {
-                    Sorted::Apply {
-                        turn,
-                        queued,
-                        lingers,
-                        wakes,
-                    } => {
+                    Sorted::Apply(queued) => {
+                        let turn = queued.ev.turn.clone();
+                        let lingers = batches::lingers(&queued.event);
+                        let wakes = batches::wakes(&queued.event);
                         if let Joined::Lead { arrived } = shared.batches.join(&turn, queued, wakes)
                         {
                             tasks.spawn(async move {
@@ -219,14 +217,7 @@ struct Shared {
 #[allow(clippy::large_enum_variant)] // made and matched once per event: a box would only allocate
 enum Sorted {
     /// Apply it with its turn's batch.
-    Apply {
-        turn: TurnId,
-        queued: Queued,
-        /// Wait for more of the turn before writing ([`batches::lingers`]).
-        lingers: bool,
-        /// Wake a leader waiting for more of the turn ([`batches::wakes`]).
-        wakes: bool,
-    },
+    Apply(Queued),
     /// Settle it now: nothing to apply (progress), or never applicable.
     Settle(async_nats::jetstream::Message, Verdict, tracing::Span),
 }
@@ -257,18 +248,13 @@ fn sort(msg: async_nats::jetstream::Message) -> Sorted {
             turnpike_core::Timestamp::from_system_time(std::time::SystemTime::from(i.published))
         })
         .unwrap_or_else(|_| turnpike_jetstream::now());
-    Sorted::Apply {
-        turn: ev.turn.clone(),
-        lingers: batches::lingers(&event),
-        wakes: batches::wakes(&event),
-        queued: Queued {
-            ev,
-            event,
-            at,
-            msg,
-            span,
-        },
-    }
+    Sorted::Apply(Queued {
+        ev,
+        event,
+        at,
+        msg,
+        span,
+    })
 }
 
 /// Lead a turn's batches: wait for more of the turn if the first event asks to, then apply

@@ -9,9 +9,11 @@
 //! - [`fence`]: which attempt may land output, from the fence subject's last marker.
 //! - [`recovery`]: what the recovery sweep does with a turn no event will settle.
 //! - [`texts`]: the exact user-facing notices and the retry preamble.
+//! - [`backoff`]: the one doubling wait schedule every retry loop uses.
 //!
 //! Nothing here reads a clock, a socket or a file: time is passed in as [`Timestamp`].
 
+pub mod backoff;
 pub mod chat;
 pub mod codec;
 pub mod exit;

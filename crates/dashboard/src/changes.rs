@@ -11,6 +11,7 @@ use std::future::Future;
 use std::time::Duration;
 use tokio::sync::broadcast;
 use tokio_util::sync::CancellationToken;
+use turnpike_core::backoff::Backoff;
 use turnpike_core::subjects;
 use turnpike_jetstream::Bus;
 
@@ -85,11 +86,12 @@ async fn follow<S, E, F, Fut>(
     S: Stream<Item = Result<Change, String>>,
     E: std::fmt::Display,
 {
-    let mut backoff = Duration::from_millis(200);
+    let reopen = || Backoff::doubling(Duration::from_millis(200), Duration::from_secs(5));
+    let mut waits = reopen();
     while !shutdown.is_cancelled() {
         match open().await {
             Ok(changes) => {
-                backoff = Duration::from_millis(200);
+                waits = reopen();
                 let _ = tx.send(Change {
                     bucket: HELLO,
                     key: String::new(),
@@ -110,8 +112,7 @@ async fn follow<S, E, F, Fut>(
         }
         tokio::select! {
             _ = shutdown.cancelled() => return,
-            _ = tokio::time::sleep(backoff) => {}
+            _ = tokio::time::sleep(waits.wait()) => {}
         }
-        backoff = (backoff * 2).min(Duration::from_secs(5));
     }
 }

@@ -10,6 +10,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{debug, info, warn, Instrument};
 use turnpike_config::Config;
+use turnpike_core::backoff::Backoff;
 use turnpike_core::lifecycle::{self, NewTurn};
 use turnpike_core::wire::InboundMessage;
 use turnpike_core::{subjects, ChatId, TurnId};
@@ -199,7 +200,7 @@ impl Dispatcher {
             }
             // A transient failure is retried here, in the chat's lane, rather than NAK'd: the
             // lane would move on to the chat's next message and break its order.
-            let mut wait = Duration::from_millis(250);
+            let mut waits = Backoff::doubling(Duration::from_millis(250), Duration::from_secs(5));
             for tries in 1..=IN_PLACE_TRIES {
                 // The order check's read of the chat serves the first try's join.
                 let chat_read = chat_read.take();
@@ -214,8 +215,7 @@ impl Dispatcher {
                     Err(e) if e.is_transient() && tries < IN_PLACE_TRIES => {
                         warn!(error = %e, tries, "turn not created yet; retrying");
                         let _ = msg.ack_with(AckKind::Progress).await;
-                        tokio::time::sleep(wait).await;
-                        wait = (wait * 2).min(Duration::from_secs(5));
+                        tokio::time::sleep(waits.wait()).await;
                     }
                     Err(e) if e.is_transient() => {
                         warn!(error = %e, "turn not created yet; leaving it to redelivery");

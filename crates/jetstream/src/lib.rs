@@ -18,6 +18,7 @@ pub use publish::{
 
 use async_nats::jetstream::{self, kv, object_store};
 use turnpike_config::Config;
+use turnpike_core::backoff::Backoff;
 use turnpike_core::codec::Codec;
 use turnpike_core::subjects;
 
@@ -66,15 +67,18 @@ impl Bus {
     /// `manage_topology` is off), wait and try again rather than exit. Only a bad setting or
     /// definition, which no wait can fix, is returned.
     pub async fn connect_patiently(config: &Config, client_name: &str) -> Result<Bus, BusError> {
-        let mut wait = std::time::Duration::from_millis(250);
+        let mut waits = Backoff::doubling(
+            std::time::Duration::from_millis(250),
+            std::time::Duration::from_secs(5),
+        );
         loop {
             match Bus::connect(config, client_name).await {
                 Ok(bus) => return Ok(bus),
                 Err(e @ (BusError::Setting(_) | BusError::Definition { .. })) => return Err(e),
                 Err(e) => {
+                    let wait = waits.wait();
                     tracing::warn!(error = %e, retry_in = ?wait, "NATS not ready for {client_name}");
                     tokio::time::sleep(wait).await;
-                    wait = (wait * 2).min(std::time::Duration::from_secs(5));
                 }
             }
         }

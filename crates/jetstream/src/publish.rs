@@ -7,6 +7,7 @@ use bytes::Bytes;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use std::time::SystemTime;
+use turnpike_core::backoff::Backoff;
 use turnpike_core::codec::{self, Codec, CodecError};
 use turnpike_core::subjects;
 use turnpike_core::wire::Versioned;
@@ -111,13 +112,15 @@ impl Publish {
         // A replicated stream refuses a publish whose dedup id another publish is still
         // proposing (two roles finishing the same effect at once); it is acknowledged as the
         // duplicate it is once that one is stored, within a few milliseconds.
-        let mut wait = std::time::Duration::from_millis(5);
-        for _ in 0..DEDUP_IN_PROCESS_TRIES {
+        let waits = Backoff::doubling(
+            std::time::Duration::from_millis(5),
+            std::time::Duration::from_secs(1),
+        );
+        for wait in waits.take(DEDUP_IN_PROCESS_TRIES) {
             match self.send_once(js).await {
                 Err(e) if crate::dedup_in_process(&e) => {
                     tracing::debug!(subject = %self.subject, "dedup id in process; publishing again");
                     tokio::time::sleep(wait).await;
-                    wait = (wait * 2).min(std::time::Duration::from_secs(1));
                 }
                 sent => return sent,
             }

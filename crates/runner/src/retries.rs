@@ -2,21 +2,21 @@
 //! the policy is read and tested in one place.
 
 use std::time::Duration;
+use turnpike_core::backoff::Backoff;
 
 /// The tries left for one publish, and the wait before the next.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Retries {
     left: u32,
-    next: Duration,
-    growth: Growth,
+    waits: Waits,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Growth {
+enum Waits {
     /// Each wait one step longer than the last.
-    Linear(Duration),
+    Linear { next: Duration, step: Duration },
     /// Each wait twice the last, up to a cap.
-    Doubling { cap: Duration },
+    Doubling(Backoff),
 }
 
 impl Retries {
@@ -26,8 +26,7 @@ impl Retries {
         let step = Duration::from_millis(200);
         Retries {
             left: 5,
-            next: step,
-            growth: Growth::Linear(step),
+            waits: Waits::Linear { next: step, step },
         }
     }
 
@@ -36,10 +35,10 @@ impl Retries {
     pub(crate) fn event() -> Retries {
         Retries {
             left: 9,
-            next: Duration::from_millis(100),
-            growth: Growth::Doubling {
-                cap: Duration::from_secs(5),
-            },
+            waits: Waits::Doubling(Backoff::doubling(
+                Duration::from_millis(100),
+                Duration::from_secs(5),
+            )),
         }
     }
 
@@ -49,12 +48,14 @@ impl Retries {
             return None;
         }
         self.left -= 1;
-        let wait = self.next;
-        self.next = match self.growth {
-            Growth::Linear(step) => self.next + step,
-            Growth::Doubling { cap } => (self.next * 2).min(cap),
-        };
-        Some(wait)
+        Some(match &mut self.waits {
+            Waits::Linear { next, step } => {
+                let wait = *next;
+                *next += *step;
+                wait
+            }
+            Waits::Doubling(backoff) => backoff.wait(),
+        })
     }
 }
 

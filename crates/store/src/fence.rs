@@ -5,6 +5,7 @@
 
 use async_nats::jetstream::stream::{LastRawMessageErrorKind, Stream};
 use std::time::Duration;
+use turnpike_core::backoff::Backoff;
 use turnpike_core::fence::{self, FenceHolder, FenceMarker, Last};
 use turnpike_core::subjects;
 use turnpike_core::wire::{OutboundItem, OutboundKind};
@@ -15,27 +16,13 @@ use turnpike_jetstream::{decode, Bus, BusError, Publish};
 /// fence, and there are at most a handful of writers per turn.
 const CAS_ROUNDS: usize = 20;
 
-/// The wait after a lost round, doubling from 2 ms to at most 250 ms (about 3.5 s over all the
-/// rounds). In a cluster, an append is also refused while another append to the fence is still
-/// being proposed (10164); re-read at once, the fence looks the same, and a busy cluster's
-/// proposal outlasted twenty rounds without a pause (fault case f8 on a slow machine: an
-/// operator's kill refused as "still contended" while it raced a runner's take).
-struct Pause(Duration);
-
-impl Pause {
-    fn new() -> Self {
-        Pause(Duration::from_millis(2))
-    }
-
-    async fn after_lost_round(&mut self) {
-        tokio::time::sleep(self.next()).await;
-    }
-
-    fn next(&mut self) -> Duration {
-        let now = self.0;
-        self.0 = (self.0 * 2).min(Duration::from_millis(250));
-        now
-    }
+/// The waits after lost (or failed) rounds, doubling from 2 ms to at most 250 ms (about 3.5 s
+/// over all the rounds). In a cluster, an append is also refused while another append to the
+/// fence is still being proposed (10164); re-read at once, the fence looks the same, and a busy
+/// cluster's proposal outlasted twenty rounds without a pause (fault case f8 on a slow machine:
+/// an operator's kill refused as "still contended" while it raced a runner's take).
+fn pauses() -> Backoff {
+    Backoff::doubling(Duration::from_millis(2), Duration::from_millis(250))
 }
 
 /// Messages of a chat read at most when counting one attempt's output.
@@ -134,7 +121,7 @@ pub async fn take(
     attempt: u32,
     runner: &RunnerId,
 ) -> Result<Taken, BusError> {
-    let mut pause = Pause::new();
+    let mut pauses = pauses();
     for round in 0..CAS_ROUNDS {
         // Attempt 1 usually finds the fence empty: append expecting nothing before it (what
         // reading an empty fence leads to), and read only if that fails.
@@ -153,10 +140,10 @@ pub async fn take(
                     Ok(Some(seq)) => return Ok(Taken::Ours(seq)),
                     // Attempt 1's first try did not read: reading is all it takes.
                     Ok(None) if round == 0 && attempt == 1 => continue,
-                    Ok(None) => pause.after_lost_round().await,
+                    Ok(None) => tokio::time::sleep(pauses.wait()).await,
                     Err(e) => {
                         tracing::debug!(error = %e, "fence not taken yet; re-reading");
-                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        tokio::time::sleep(pauses.wait()).await;
                     }
                 }
             }
@@ -180,7 +167,7 @@ pub enum Losing {
 
 /// Fence `attempt` out, unless a later attempt already holds the fence.
 pub async fn lose(bus: &Bus, turn: &TurnId, attempt: u32) -> Result<Losing, BusError> {
-    let mut pause = Pause::new();
+    let mut pauses = pauses();
     for _ in 0..CAS_ROUNDS {
         let last = last(bus, turn).await?;
         match fence::lose(last.as_ref(), attempt) {
@@ -191,7 +178,7 @@ pub async fn lose(bus: &Bus, turn: &TurnId, attempt: u32) -> Result<Losing, BusE
                 {
                     return Ok(Losing::Fenced { runner_seq });
                 }
-                pause.after_lost_round().await;
+                tokio::time::sleep(pauses.wait()).await;
             }
             fence::Lose::AlreadyFenced { replaces } => {
                 let replaced = if replaces == 0 {
@@ -211,7 +198,7 @@ pub async fn lose(bus: &Bus, turn: &TurnId, attempt: u32) -> Result<Losing, BusE
 
 /// Fence the whole turn out for an operator kill (the current attempt is `attempt`).
 pub async fn kill(bus: &Bus, turn: &TurnId, attempt: u32, by: &str) -> Result<(), BusError> {
-    let mut pause = Pause::new();
+    let mut pauses = pauses();
     for _ in 0..CAS_ROUNDS {
         let last = last(bus, turn).await?;
         match fence::kill(last.as_ref()) {
@@ -220,7 +207,7 @@ pub async fn kill(bus: &Bus, turn: &TurnId, attempt: u32, by: &str) -> Result<()
                 if append(bus, turn, attempt, holder, expect).await?.is_some() {
                     return Ok(());
                 }
-                pause.after_lost_round().await;
+                tokio::time::sleep(pauses.wait()).await;
             }
             fence::Kill::AlreadyKilled => return Ok(()),
         }
@@ -380,8 +367,7 @@ mod tests {
 
     #[test]
     fn lost_rounds_wait_out_a_proposal_for_seconds_and_start_at_once() {
-        let mut pause = Pause::new();
-        let waits: Vec<Duration> = (0..CAS_ROUNDS).map(|_| pause.next()).collect();
+        let waits: Vec<Duration> = pauses().take(CAS_ROUNDS).collect();
         assert_eq!(waits[0], Duration::from_millis(2));
         assert!(waits.iter().all(|w| *w <= Duration::from_millis(250)));
         let total: Duration = waits.iter().sum();

@@ -21,8 +21,8 @@ use turnpike_core::{Timestamp, TurnId};
 /// One event, waiting to be applied with its turn's batch; its message is acked (or not) by the
 /// leader once the batch is applied.
 pub(crate) struct Queued {
-    /// As the runner sent it (its claim is checked before it is applied).
-    pub(crate) ev: turnpike_core::wire::RunnerEvent,
+    /// Its runner and attempt (their claim is checked before it is applied).
+    pub(crate) sender: crate::Sender,
     pub(crate) event: Event,
     pub(crate) at: Timestamp,
     pub(crate) msg: Message,

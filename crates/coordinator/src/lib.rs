@@ -39,8 +39,8 @@ struct ClaimCache(std::sync::Mutex<std::collections::HashMap<String, RunnerId>>)
 const CLAIM_CACHE: usize = 4096;
 
 impl ClaimCache {
-    /// Is `ev` from the runner that holds its attempt's claim?
-    async fn check(&self, bus: &Bus, ev: &RunnerEvent) -> Result<(), ApplyError> {
+    /// Does `ev`'s sender hold its attempt's claim?
+    async fn check(&self, bus: &Bus, ev: &Sender) -> Result<(), ApplyError> {
         let key = subjects::claim_key(&ev.turn, ev.attempt);
         let cached = self.0.lock().ok().and_then(|c| c.get(&key).cloned());
         if cached.as_ref() == Some(&ev.runner) {
@@ -150,7 +150,7 @@ impl Coordinator {
                 // they were delivered (its start before its exit).
                 match sort(msg) {
                     Sorted::Apply(queued) => {
-                        let turn = queued.ev.turn.clone();
+                        let turn = queued.sender.turn.clone();
                         let lingers = batches::lingers(&queued.event);
                         let wakes = batches::wakes(&queued.event);
                         if let Joined::Lead { arrived } = shared.batches.join(&turn, queued, wakes)
@@ -179,25 +179,38 @@ impl Coordinator {
     }
 }
 
-/// Turn a runner event into a lifecycle event (progress is for watchers only).
-fn lifecycle_event(ev: &RunnerEvent) -> Option<Event> {
-    Some(match &ev.kind {
-        RunnerEventKind::Started { published_at } => Event::Started {
+/// Who sent a runner event: the claim it must hold to be believed.
+pub(crate) struct Sender {
+    pub(crate) turn: TurnId,
+    pub(crate) attempt: u32,
+    pub(crate) runner: RunnerId,
+}
+
+/// Split a runner event into its sender and its lifecycle event (progress is for watchers only).
+fn lifecycle_event(ev: RunnerEvent) -> (Sender, Option<Event>) {
+    let event = match ev.kind {
+        RunnerEventKind::Started { published_at } => Some(Event::Started {
             attempt: ev.attempt,
             runner: ev.runner.clone(),
-            published_at: *published_at,
-        },
-        RunnerEventKind::MessageLanded { seq, stream_seq } => Event::MessageLanded {
+            published_at,
+        }),
+        RunnerEventKind::MessageLanded { seq, stream_seq } => Some(Event::MessageLanded {
             attempt: ev.attempt,
-            seq: *seq,
-            stream_seq: *stream_seq,
-        },
-        RunnerEventKind::Exited { report } => Event::Exited {
+            seq,
+            stream_seq,
+        }),
+        RunnerEventKind::Exited { report } => Some(Event::Exited {
             attempt: ev.attempt,
-            report: report.clone(),
-        },
-        RunnerEventKind::Progress { .. } => return None,
-    })
+            report,
+        }),
+        RunnerEventKind::Progress { .. } => None,
+    };
+    let sender = Sender {
+        turn: ev.turn,
+        attempt: ev.attempt,
+        runner: ev.runner,
+    };
+    (sender, event)
 }
 
 /// What every in-flight event's task shares.
@@ -238,7 +251,7 @@ fn sort(msg: async_nats::jetstream::Message) -> Sorted {
         let why = Verdict::Refuse("event names another turn than its subject".to_owned());
         return Sorted::Settle(msg, why, span);
     }
-    let Some(event) = lifecycle_event(&ev) else {
+    let (sender, Some(event)) = lifecycle_event(ev) else {
         return Sorted::Settle(msg, Verdict::Ack, span);
     };
     // The event's time by the server's clock: the one that fires retries.
@@ -249,7 +262,7 @@ fn sort(msg: async_nats::jetstream::Message) -> Sorted {
         })
         .unwrap_or_else(|_| turnpike_jetstream::now());
     Sorted::Apply(Queued {
-        ev,
+        sender,
         event,
         at,
         msg,
@@ -335,7 +348,7 @@ async fn apply(shared: &Shared, turn: &TurnId, batch: Vec<Queued>) {
     for q in batch {
         match shared
             .claims
-            .check(bus, &q.ev)
+            .check(bus, &q.sender)
             .instrument(q.span.clone())
             .await
         {

@@ -55,7 +55,7 @@ pub enum ChatsCmd {
     },
 }
 
-fn parse_state(s: &str) -> Result<TurnState, String> {
+fn parse_state(s: &str) -> Result<TurnState, turnpike_core::record::UnknownTurnState> {
     s.parse()
 }
 

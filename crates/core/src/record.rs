@@ -71,19 +71,25 @@ impl std::fmt::Display for TurnState {
     }
 }
 
+/// A name that is no turn state (an operator's filter, a command-line argument).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown turn state {0:?}; expected one of {names}", names = TurnState::names())]
+pub struct UnknownTurnState(pub String);
+
+impl TurnState {
+    fn names() -> String {
+        let all: Vec<_> = TurnState::ALL.iter().map(|s| s.as_str()).collect();
+        all.join(", ")
+    }
+}
+
 impl std::str::FromStr for TurnState {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = UnknownTurnState;
+    fn from_str(s: &str) -> Result<Self, UnknownTurnState> {
         TurnState::ALL
             .into_iter()
             .find(|st| st.as_str() == s)
-            .ok_or_else(|| {
-                let all: Vec<_> = TurnState::ALL.iter().map(|s| s.as_str()).collect();
-                format!(
-                    "unknown turn state {s:?}; expected one of {}",
-                    all.join(", ")
-                )
-            })
+            .ok_or_else(|| UnknownTurnState(s.to_owned()))
     }
 }
 
@@ -269,6 +275,24 @@ impl TurnRecord {
             max_attempts: self.max_attempts,
             message: self.message.clone(),
             history: self.history.clone(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_state_parses_from_its_name_and_a_wrong_name_lists_them_all() {
+        for state in TurnState::ALL {
+            assert_eq!(state.as_str().parse::<TurnState>(), Ok(state));
+        }
+        let err = "finished".parse::<TurnState>().expect_err("no such state");
+        assert_eq!(err, UnknownTurnState("finished".into()));
+        let message = err.to_string();
+        for state in TurnState::ALL {
+            assert!(message.contains(state.as_str()), "{message}");
         }
     }
 }

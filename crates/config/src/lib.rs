@@ -22,7 +22,7 @@ use std::time::Duration;
 
 mod units;
 mod validate;
-pub use units::{parse_bytes, ByteSize};
+pub use units::{parse_bytes, ByteSize, ByteSizeError};
 
 /// The file read when no other is named (in the working directory).
 pub const DEFAULT_FILE: &str = "turnpike.toml";

@@ -141,8 +141,22 @@ fn sizes_parse() {
     assert_eq!(parse_bytes("1GB"), Ok(ByteSize(1_000_000_000)));
     assert_eq!(parse_bytes("1.5k"), Ok(ByteSize(1536)));
     assert_eq!(parse_bytes("1048576"), Ok(ByteSize(1 << 20)));
-    assert!(parse_bytes("-1m").is_err());
-    assert!(parse_bytes("m").is_err());
+    assert_eq!(
+        parse_bytes("-1m"),
+        Err(ByteSizeError::NotANumber("-1m".into()))
+    );
+    assert_eq!(parse_bytes("m"), Err(ByteSizeError::NotANumber("m".into())));
+    assert_eq!(
+        parse_bytes("5 parsecs"),
+        Err(ByteSizeError::UnknownUnit {
+            input: "5 parsecs".into(),
+            unit: "parsecs".into()
+        })
+    );
+    assert_eq!(
+        parse_bytes("99999999999999999999g"),
+        Err(ByteSizeError::OutOfRange("99999999999999999999g".into()))
+    );
     assert_eq!(ByteSize(512 << 20).to_string(), "512MiB");
     assert_eq!(ByteSize(1000).to_string(), "1000B");
 }

@@ -21,7 +21,18 @@ impl fmt::Display for ByteSize {
     }
 }
 
-pub fn parse_bytes(s: &str) -> Result<ByteSize, String> {
+/// Why a text is no byte size.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ByteSizeError {
+    #[error("{0:?} is not a size; write e.g. 512MiB, 64m or 1048576")]
+    NotANumber(String),
+    #[error("{input:?} has unknown size unit {unit:?}; use B, KiB, MiB, GiB, KB, MB, GB")]
+    UnknownUnit { input: String, unit: String },
+    #[error("{0:?} is out of range")]
+    OutOfRange(String),
+}
+
+pub fn parse_bytes(s: &str) -> Result<ByteSize, ByteSizeError> {
     let t = s.trim();
     let split = t
         .find(|c: char| !(c.is_ascii_digit() || c == '.'))
@@ -29,7 +40,7 @@ pub fn parse_bytes(s: &str) -> Result<ByteSize, String> {
     let (num, unit) = t.split_at(split);
     let num: f64 = num
         .parse()
-        .map_err(|_| format!("{s:?} is not a size; write e.g. 512MiB, 64m or 1048576"))?;
+        .map_err(|_| ByteSizeError::NotANumber(s.to_owned()))?;
     let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
         "" | "b" => 1,
         "k" | "kib" => 1 << 10,
@@ -39,14 +50,15 @@ pub fn parse_bytes(s: &str) -> Result<ByteSize, String> {
         "mb" => 1_000_000,
         "gb" => 1_000_000_000,
         other => {
-            return Err(format!(
-                "{s:?} has unknown size unit {other:?}; use B, KiB, MiB, GiB, KB, MB, GB"
-            ))
+            return Err(ByteSizeError::UnknownUnit {
+                input: s.to_owned(),
+                unit: other.to_owned(),
+            })
         }
     };
     let bytes = num * mult as f64;
     if !bytes.is_finite() || bytes < 0.0 || bytes > u64::MAX as f64 {
-        return Err(format!("{s:?} is out of range"));
+        return Err(ByteSizeError::OutOfRange(s.to_owned()));
     }
     Ok(ByteSize(bytes as u64))
 }

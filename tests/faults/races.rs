@@ -218,8 +218,20 @@ async fn f9_lease_lapse_during_a_slow_exit_report() {
                 .then_some(())
         })
         .await;
-        let r = record(&c, &turn).await;
-        let runner = r.attempts[0].runner.clone().expect("a runner holds it");
+        // The reply can be visible before the coordinator has written the start that names the
+        // runner (two roles, no order between them): wait for it rather than race it.
+        let runner = eventually(
+            Duration::from_secs(30),
+            "the record names the attempt's runner",
+            || async {
+                record(&c, &turn)
+                    .await
+                    .attempts
+                    .first()
+                    .and_then(|a| a.runner.clone())
+            },
+        )
+        .await;
         let name = runner_name(&c, &runner);
         c.disconnect(&name).await;
         // Past the lease: the sweep settles the attempt while the exit report waits.

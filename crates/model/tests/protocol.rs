@@ -69,6 +69,36 @@ fn caught(m: Protocol, property: Option<&'static str>) {
     }
 }
 
+// The deployments the scenarios check. Each deliberate bug below is shown in one of them (or in
+// one narrowed further), so it is caught where the protocol without it holds.
+
+/// One turn, one runner, one coordinator; one fault anywhere.
+fn one_turn_one_fault() -> Protocol {
+    Protocol::new(1, 1, 1).with(|p| p.faults = 1)
+}
+
+/// One turn that an operator may kill at any step; no faults.
+fn one_turn_killable() -> Protocol {
+    Protocol::new(1, 1, 1).with(|p| {
+        p.faults = 0;
+        p.killable = vec![0];
+    })
+}
+
+/// Two runners racing for one turn; no faults.
+fn two_runners() -> Protocol {
+    Protocol::new(1, 2, 1).with(|p| p.faults = 0)
+}
+
+/// Two turns of one chat, one retry each, no early timers; no faults.
+fn two_turns_of_one_chat() -> Protocol {
+    Protocol::new(2, 1, 1).with(|p| {
+        p.faults = 0;
+        p.max_turn_retry = 1;
+        p.early_timers = 0;
+    })
+}
+
 const EVERY_OUTCOME: [&str; 4] = [
     "a retry's agent starts",
     "a reply lands",
@@ -81,7 +111,7 @@ fn one_turn_with_one_fault_anywhere() {
     // A runner, coordinator, sweep or dispatcher crash, a lost acknowledgement or exit report,
     // a duplicated work message, or a runner cut off from its lease: each at any step.
     holds(
-        Protocol::new(1, 1, 1).with(|p| p.faults = 1),
+        one_turn_one_fault(),
         &[&EVERY_OUTCOME[..], &["an attempt is declared lost"]].concat(),
     );
 }
@@ -89,13 +119,7 @@ fn one_turn_with_one_fault_anywhere() {
 #[test]
 fn one_turn_killed_at_any_step() {
     // Early timers too: a kill racing a retry's schedule, the sweep, a lease's lapse.
-    holds(
-        Protocol::new(1, 1, 1).with(|p| {
-            p.faults = 0;
-            p.killable = vec![0];
-        }),
-        &EVERY_OUTCOME,
-    );
+    holds(one_turn_killable(), &EVERY_OUTCOME);
 }
 
 #[test]
@@ -132,10 +156,7 @@ fn one_turn_with_two_faults() {
 
 #[test]
 fn two_runners_race_for_one_turn() {
-    holds(
-        Protocol::new(1, 2, 1).with(|p| p.faults = 0),
-        &EVERY_OUTCOME,
-    );
+    holds(two_runners(), &EVERY_OUTCOME);
 }
 
 #[test]
@@ -149,11 +170,7 @@ fn two_coordinators_apply_one_turn_s_events() {
 #[test]
 fn two_turns_of_one_chat_keep_their_order() {
     holds(
-        Protocol::new(2, 1, 1).with(|p| {
-            p.faults = 0;
-            p.max_turn_retry = 1;
-            p.early_timers = 0;
-        }),
+        two_turns_of_one_chat(),
         &["a reply lands", "every turn settles"],
     );
 }
@@ -165,12 +182,7 @@ fn bug(f: impl FnOnce(&mut Bugs)) -> impl FnOnce(&mut Protocol) {
 #[test]
 fn a_kill_that_does_not_fence_lets_the_reply_land() {
     caught(
-        Protocol::new(1, 1, 1)
-            .with(|p| {
-                p.faults = 0;
-                p.killable = vec![0];
-            })
-            .with(bug(|b| b.kill_without_fence = true)),
+        one_turn_killable().with(bug(|b| b.kill_without_fence = true)),
         Some(NO_STRAY_OUTPUT),
     );
 }
@@ -178,12 +190,10 @@ fn a_kill_that_does_not_fence_lets_the_reply_land() {
 #[test]
 fn a_killed_turn_left_live_wedges_its_chat() {
     caught(
-        Protocol::new(1, 1, 1)
+        one_turn_killable()
             .with(|p| {
-                p.faults = 0;
                 p.max_turn_retry = 1;
                 p.early_timers = 0;
-                p.killable = vec![0];
             })
             .with(bug(|b| b.keep_ended_turn_live = true)),
         None,
@@ -193,9 +203,7 @@ fn a_killed_turn_left_live_wedges_its_chat() {
 #[test]
 fn trusting_any_claim_on_a_retry_stalls_it() {
     caught(
-        Protocol::new(1, 1, 1)
-            .with(|p| p.faults = 1)
-            .with(bug(|b| b.trust_any_retry_claim = true)),
+        one_turn_one_fault().with(bug(|b| b.trust_any_retry_claim = true)),
         None,
     );
 }
@@ -203,9 +211,7 @@ fn trusting_any_claim_on_a_retry_stalls_it() {
 #[test]
 fn counting_before_the_fence_moves_retries_after_a_reply() {
     caught(
-        Protocol::new(1, 1, 1)
-            .with(|p| p.faults = 1)
-            .with(bug(|b| b.count_before_fence = true)),
+        one_turn_one_fault().with(bug(|b| b.count_before_fence = true)),
         Some(NO_RETRY_AFTER_REPLY),
     );
 }
@@ -213,9 +219,7 @@ fn counting_before_the_fence_moves_retries_after_a_reply() {
 #[test]
 fn trusting_a_count_with_an_unknown_publish_retries_after_a_reply() {
     caught(
-        Protocol::new(1, 1, 1)
-            .with(|p| p.faults = 1)
-            .with(bug(|b| b.trust_uncertain_count = true)),
+        one_turn_one_fault().with(bug(|b| b.trust_uncertain_count = true)),
         Some(NO_RETRY_AFTER_REPLY),
     );
 }
@@ -223,13 +227,7 @@ fn trusting_a_count_with_an_unknown_publish_retries_after_a_reply() {
 #[test]
 fn ignoring_arrival_order_breaks_chat_order() {
     caught(
-        Protocol::new(2, 1, 1)
-            .with(|p| {
-                p.faults = 0;
-                p.max_turn_retry = 1;
-                p.early_timers = 0;
-            })
-            .with(bug(|b| b.ignore_chat_order = true)),
+        two_turns_of_one_chat().with(bug(|b| b.ignore_chat_order = true)),
         Some(CHAT_ORDER),
     );
 }
@@ -240,13 +238,7 @@ fn joining_a_busy_chat_before_the_record_exists_wedges_it() {
     // waits in the chat without its record can be made live by the release of the turn before
     // it while there is nothing to admit.
     caught(
-        Protocol::new(2, 1, 1)
-            .with(|p| {
-                p.faults = 0;
-                p.max_turn_retry = 1;
-                p.early_timers = 0;
-            })
-            .with(bug(|b| b.join_before_create = true)),
+        two_turns_of_one_chat().with(bug(|b| b.join_before_create = true)),
         None,
     );
 }
@@ -257,12 +249,9 @@ fn taking_an_attempt_with_no_lease_yet_for_lost_runs_two_agents() {
     // a run writes its lease a heartbeat after its claim, so the old rule ("claimed and no live
     // lease") declares a healthy run lost, and its retry starts beside it.
     caught(
-        Protocol::new(1, 2, 1)
-            .with(|p| {
-                p.faults = 0;
-                // The sweep's pass and the retry's schedule, both while the first run goes on.
-                p.early_timers = 2;
-            })
+        two_runners()
+            // The sweep's pass and the retry's schedule, both while the first run goes on.
+            .with(|p| p.early_timers = 2)
             .with(bug(|b| b.absent_lease_lost_at_once = true)),
         Some(ONE_LIVE_AGENT),
     );

@@ -39,16 +39,16 @@ struct ClaimCache(std::sync::Mutex<std::collections::HashMap<String, RunnerId>>)
 const CLAIM_CACHE: usize = 4096;
 
 impl ClaimCache {
-    /// Does `ev`'s sender hold its attempt's claim?
-    async fn check(&self, bus: &Bus, ev: &Sender) -> Result<(), ApplyError> {
-        let key = subjects::claim_key(&ev.turn, ev.attempt);
+    /// Does `sender` hold its attempt's claim?
+    async fn check(&self, bus: &Bus, sender: &Sender) -> Result<(), ApplyError> {
+        let key = subjects::claim_key(&sender.turn, sender.attempt);
         let cached = self.0.lock().ok().and_then(|c| c.get(&key).cloned());
-        if cached.as_ref() == Some(&ev.runner) {
+        if cached.as_ref() == Some(&sender.runner) {
             return Ok(());
         }
-        let holder = turnpike_store::claims::holder(bus, &ev.turn, ev.attempt).await?;
+        let holder = turnpike_store::claims::holder(bus, &sender.turn, sender.attempt).await?;
         match holder {
-            Some(ClaimHolder::Runner { runner }) if runner == ev.runner => {
+            Some(ClaimHolder::Runner { runner }) if runner == sender.runner => {
                 if let Ok(mut c) = self.0.lock() {
                     if c.len() >= CLAIM_CACHE {
                         c.clear();
@@ -58,13 +58,13 @@ impl ClaimCache {
                 Ok(())
             }
             // Only on refusal: an event for a turn that does not exist says so.
-            None if turns::load(bus, &ev.turn).await?.is_none() => {
-                Err(ApplyError::UnknownTurn(ev.turn.clone()))
+            None if turns::load(bus, &sender.turn).await?.is_none() => {
+                Err(ApplyError::UnknownTurn(sender.turn.clone()))
             }
             other => Err(ApplyError::NotClaimant {
-                turn: ev.turn.clone(),
-                attempt: ev.attempt,
-                runner: ev.runner.clone(),
+                turn: sender.turn.clone(),
+                attempt: sender.attempt,
+                runner: sender.runner.clone(),
                 holder: match other {
                     Some(ClaimHolder::Runner { runner }) => format!("held by runner {runner}"),
                     Some(ClaimHolder::Cancelled) => "cancelled".to_owned(),

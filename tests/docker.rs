@@ -484,3 +484,55 @@ async fn the_agent_writes_only_to_its_tmp() {
         r.stop().await;
     }
 }
+
+/// A run stopped before its container starts (its lease deadline passed during a slow create, a
+/// kill) reports the stop and never starts the container; the created one is removed.
+#[tokio::test]
+async fn a_run_stopped_before_its_container_starts_never_starts_it() {
+    use tokio::sync::{mpsc, watch};
+    use turnpike_core::exit::StopReason;
+    use turnpike_runner::backend::{DockerBackend, Output, RunSpec};
+
+    let server = NatsServer::start();
+    let runner_id = "docker-stopped-before-start";
+    let config = docker_config(&server, runner_id);
+    let backend = DockerBackend::connect(
+        &config,
+        turnpike_core::RunnerId::new(runner_id).expect("runner id"),
+    )
+    .await
+    .expect("the Docker Engine answers");
+    let chat = turnpike_core::ChatId::new("stopped-before-start").expect("chat id");
+    let message = turnpike_core::wire::InboundMessage::new(chat.clone(), "m", "reply:ok", None);
+    let spec = RunSpec {
+        work: turnpike_core::wire::WorkItem {
+            v: turnpike_core::FORMAT_VERSION,
+            turn: message.turn(),
+            chat,
+            attempt: 1,
+            max_attempts: 1,
+            message,
+            history: Vec::new(),
+        },
+        attachments: Vec::new(),
+        memory_limit: config.memory_limit.0,
+        stop_grace: config.stop_grace,
+    };
+    let (out_tx, mut out_rx) = mpsc::channel(8);
+    let (stop_tx, stop_rx) = watch::channel(None);
+    stop_tx.send_replace(Some(StopReason::LeaseLost));
+
+    let raw = backend.run(&spec, out_tx, stop_rx).await;
+
+    assert_eq!(raw.stopped_by, Some(StopReason::LeaseLost), "{raw:?}");
+    assert_eq!(raw.exit_code, None, "the container ran: {raw:?}");
+    let mut outputs: Vec<Output> = Vec::new();
+    while let Some(o) = out_rx.recv().await {
+        outputs.push(o);
+    }
+    assert!(outputs.is_empty(), "the container started: {outputs:?}");
+    assert!(
+        containers_of(runner_id).await.is_empty(),
+        "the created container was left behind"
+    );
+}

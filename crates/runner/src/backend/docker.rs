@@ -344,6 +344,10 @@ impl DockerBackend {
                 return engine_error(format!("attaching to the container failed: {e}"));
             }
         };
+        if let Some(stopped) = super::stopped_before_start(&stop) {
+            oom_watch.abort();
+            return stopped;
+        }
         if let Err(e) = self.docker.start_container(id, None).await {
             oom_watch.abort();
             return if is_refusal(&e) {

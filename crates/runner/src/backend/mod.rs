@@ -95,6 +95,17 @@ impl Backend {
     }
 }
 
+/// A run stopped before its agent started (its lease deadline passed during a slow create, a
+/// kill, the time limit) never starts it: the agent would run beside the attempt that replaced
+/// it until the stop caught up. Checked by each backend as the last step before the start.
+pub(crate) fn stopped_before_start(stop: &watch::Receiver<Option<StopReason>>) -> Option<RawExit> {
+    let reason = (*stop.borrow())?;
+    Some(RawExit {
+        stopped_by: Some(reason),
+        ..RawExit::default()
+    })
+}
+
 /// An attachment name safe to use as one path component: no separators, no `..`, no NUL.
 pub fn sanitize_attachment_name(name: &str) -> String {
     let base = name.rsplit(['/', '\\']).next().unwrap_or("");

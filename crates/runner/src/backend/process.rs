@@ -94,6 +94,9 @@ impl ProcessBackend {
             .stderr(Stdio::piped())
             .kill_on_drop(true)
             .process_group(0);
+        if let Some(stopped) = super::stopped_before_start(&stop) {
+            return stopped;
+        }
         let mut child = match cmd.spawn() {
             Ok(c) => c,
             Err(e) => {
@@ -275,6 +278,53 @@ pub fn ran_out_of_memory(stderr_tail: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A run whose stop came before its agent started (a lease deadline passed during a slow
+    /// set-up, a kill) reports the stop and never starts the agent: it would otherwise run beside
+    /// the attempt that replaced it until the stop caught up.
+    #[tokio::test]
+    async fn a_run_stopped_before_its_agent_starts_never_starts_it() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let marker = dir.path().join("ran");
+        // The agent leaves a file if it ever runs.
+        let script = dir.path().join("agent.sh");
+        std::fs::write(&script, format!("#!/bin/sh\ntouch {}\n", marker.display()))
+            .expect("write agent");
+        std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .expect("chmod agent");
+        let backend =
+            ProcessBackend::new(&script.display().to_string(), None).expect("process backend");
+        let chat = turnpike_core::ChatId::new("c").expect("chat id");
+        let message = turnpike_core::wire::InboundMessage::new(chat.clone(), "m", "hi", None);
+        let spec = RunSpec {
+            work: turnpike_core::wire::WorkItem {
+                v: turnpike_core::FORMAT_VERSION,
+                turn: message.turn(),
+                chat,
+                attempt: 1,
+                max_attempts: 3,
+                message,
+                history: Vec::new(),
+            },
+            attachments: Vec::new(),
+            memory_limit: 1 << 30,
+            stop_grace: std::time::Duration::from_secs(1),
+        };
+        let (out_tx, mut out_rx) = mpsc::channel(8);
+        let (stop_tx, stop_rx) = watch::channel(None);
+        stop_tx.send_replace(Some(StopReason::LeaseLost));
+
+        let raw = backend.run(&spec, out_tx, stop_rx).await;
+
+        assert_eq!(raw.stopped_by, Some(StopReason::LeaseLost));
+        assert_eq!(raw.exit_code, None, "{raw:?}");
+        let mut outputs = Vec::new();
+        while let Some(o) = out_rx.recv().await {
+            outputs.push(o);
+        }
+        assert!(outputs.is_empty(), "the agent started: {outputs:?}");
+        assert!(!marker.exists(), "the agent ran");
+    }
 
     #[test]
     fn dying_words_of_a_failed_allocation_name_it() {

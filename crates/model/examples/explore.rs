@@ -28,10 +28,15 @@ fn main() {
         t.elapsed()
     );
     for (name, path) in c.discoveries() {
-        println!(
-            "discovery: {name} ({} steps)",
-            path.clone().into_actions().len()
-        );
+        let actions = path.clone().into_actions();
+        println!("discovery: {name} ({} steps)", actions.len());
+        // The steps of a counterexample (`sometimes` examples are not worth reading).
+        if std::env::var_os("TRACE").is_some() && name.starts_with("never") {
+            for a in &actions {
+                println!("  {a:?}");
+            }
+            println!("{:#?}", path.last_state());
+        }
     }
     let t = std::time::Instant::now();
     let r = turnpike_model::liveness::check(&m);

@@ -89,6 +89,10 @@ pub struct Protocol {
     /// attempt's exit does). Off by default: it adds states to every scenario, and the ones
     /// that turn it on check it.
     pub batches: bool,
+    /// A runner reports its agent's start. Off: the coordinator first hears of an attempt at
+    /// its exit report (issue 19's proposed removal of the Started event and its record write;
+    /// the exit report names the runner, and the sweep judges a claimed attempt by its lease).
+    pub started_events: bool,
     pub bugs: Bugs,
     pub(crate) ids: Ids,
 }
@@ -121,6 +125,7 @@ impl Protocol {
             says: 1,
             early_timers: 1,
             batches: false,
+            started_events: true,
             bugs: Bugs::default(),
             ids,
         }

@@ -40,11 +40,21 @@ pub(crate) fn advance(m: &Protocol, w: &mut World, r: RunnerIx) -> bool {
                 w.runners[r] = Runner::Idle;
             } else {
                 w.claims.insert(key, Claim::Runner(r));
-                w.runners[r] = Runner::Fencing { msg, turn, attempt };
+                w.runners[r] = Runner::Fencing {
+                    msg,
+                    turn,
+                    attempt,
+                    stop: None,
+                };
             }
             true
         }
-        Runner::Fencing { msg, turn, attempt } => {
+        Runner::Fencing {
+            msg,
+            turn,
+            attempt,
+            stop,
+        } => {
             let last = w.fence_last(turn);
             let taken = match fence::take(last.as_ref(), attempt, &m.ids.runners[r]) {
                 Take::Append { expect } => w.fence_append(
@@ -80,7 +90,7 @@ pub(crate) fn advance(m: &Protocol, w: &mut World, r: RunnerIx) -> bool {
                 said: 0,
                 awaiting: false,
                 uncertain: false,
-                stop: None,
+                stop,
                 leased: false,
             });
             true
@@ -214,7 +224,7 @@ fn running(w: &mut World, r: RunnerIx) -> Option<&mut Run> {
     }
 }
 
-pub(crate) fn start(_m: &Protocol, w: &mut World, r: RunnerIx) -> bool {
+pub(crate) fn start(m: &Protocol, w: &mut World, r: RunnerIx) -> bool {
     let Some(run) = running(w, r) else {
         return false;
     };
@@ -224,7 +234,9 @@ pub(crate) fn start(_m: &Protocol, w: &mut World, r: RunnerIx) -> bool {
     run.started = true;
     let (turn, attempt) = (run.turn, run.attempt);
     *w.ghost.starts.entry((turn, attempt)).or_insert(0) += 1;
-    w.publish_event(turn, attempt, r, EventKind::Started);
+    if m.started_events {
+        w.publish_event(turn, attempt, r, EventKind::Started);
+    }
     true
 }
 

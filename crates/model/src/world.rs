@@ -130,10 +130,13 @@ pub enum Runner {
         turn: Turn,
         attempt: Attempt,
     },
+    /// Claimed; about to take the fence. The run's lease deadline runs from the claim (its
+    /// `stop`, requested before the agent exists, keeps the agent from ever starting).
     Fencing {
         msg: u8,
         turn: Turn,
         attempt: Attempt,
+        stop: Option<turnpike_core::exit::StopReason>,
     },
     Running(Run),
     /// About to publish the exit report.

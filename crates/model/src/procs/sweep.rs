@@ -121,10 +121,21 @@ pub(super) fn judge_attempt(
     } else if long_absent || m.bugs.absent_lease_lost_at_once {
         if !m.bugs.absent_lease_lost_at_once {
             for r in &mut w.runners {
-                if let Runner::Running(run) = r {
-                    if (run.turn, run.attempt) == key && !run.leased {
+                match r {
+                    Runner::Running(run) if (run.turn, run.attempt) == key && !run.leased => {
                         run.stop.get_or_insert(StopReason::LeaseLost);
                     }
+                    // Claimed, its agent not started yet: the deadline runs from the claim all
+                    // the same, and the runner never starts an agent once its run is stopped.
+                    Runner::Fencing {
+                        turn,
+                        attempt,
+                        stop,
+                        ..
+                    } if (*turn, *attempt) == key => {
+                        stop.get_or_insert(StopReason::LeaseLost);
+                    }
+                    _ => {}
                 }
             }
         }

@@ -74,15 +74,15 @@ async fn replies_join_history_read_at_their_recorded_location_or_else_by_a_scan(
     let turn = send(&p.bus, "located", "l1", "reply:found me").await;
     let record = wait_ended(&p.bus, &turn, T).await;
     // The runner reported where its reply is stored, and that is where it is.
-    let at = record.attempts[0].replies.clone();
-    assert_eq!(at.len(), 1, "{record:?}");
+    let span = record.attempts[0].reply_span.expect("a reply span");
+    assert_eq!(span.first, span.last, "{record:?}");
     let stored = p
         .bus
         .js
         .get_stream(subjects::STREAM_CHAT_OUT)
         .await
         .expect("stream")
-        .get_raw_message(at[0])
+        .get_raw_message(span.first)
         .await
         .expect("stored reply");
     let item: OutboundItem =
@@ -109,9 +109,9 @@ async fn replies_join_history_read_at_their_recorded_location_or_else_by_a_scan(
     // from the turn's first fence marker: no clock decides where to start, so times recorded by
     // a leader whose clock runs a minute ahead lose nothing.
     let mut unknown = record.clone();
-    unknown.attempts[0].replies.clear();
+    unknown.attempts[0].reply_span = None;
     let mut wrong = record.clone();
-    wrong.attempts[0].replies = vec![at[0] - 1];
+    wrong.attempts[0].reply_span = Some(turnpike_core::wire::ReplySpan::at(span.first - 1));
     let mut skewed = unknown.clone();
     fn ahead(t: turnpike_core::Timestamp) -> turnpike_core::Timestamp {
         t.saturating_add(std::time::Duration::from_secs(60))
@@ -136,7 +136,7 @@ async fn replies_join_history_read_at_their_recorded_location_or_else_by_a_scan(
             history(&p.bus, &chat).await,
             expected,
             "{:?}",
-            variant.attempts[0].replies
+            variant.attempts[0].reply_span
         );
     }
     p.stop().await;
@@ -370,7 +370,7 @@ async fn a_chat_of_long_replies_never_wedges_and_its_history_stays_in_budget() {
 #[tokio::test]
 async fn an_oversize_message_is_refused_with_a_notice() {
     let p = Pipeline::start(AGENT, |c| {
-        c.message_max_bytes = turnpike_config::ByteSize(1000)
+        c.message_max_bytes = turnpike_config::ByteSize(1024)
     })
     .await;
     let big = send(&p.bus, "sizes", "s1", &"reply:".repeat(200)).await;
@@ -383,15 +383,16 @@ async fn an_oversize_message_is_refused_with_a_notice() {
         .find(|i| i.turn == big)
         .expect("a notice for the refused message");
     assert_eq!(notice.kind, OutboundKind::Notice);
+    // The whole message counts, encoded: 1200 bytes of text and its id, sender and fields.
     assert!(
-        notice.text.contains("1200 bytes; the limit is"),
+        notice.text.contains("bytes encoded; the limit is 1024"),
         "{}",
         notice.text
     );
     assert!(dead_letters(&p.bus)
         .await
         .iter()
-        .any(|(_, reason)| reason.contains("1200 bytes")));
+        .any(|(_, reason)| reason.contains("bytes encoded; the limit is 1024")));
     p.stop().await;
 }
 

@@ -3,6 +3,7 @@
 //! it may only cost a failed write and a read.
 
 use super::*;
+use turnpike_core::chat::Joined;
 use turnpike_core::lifecycle::{self, Event, NewTurn};
 use turnpike_core::wire::{ExitReport, InboundMessage};
 use turnpike_store::turns::{self, Applied};
@@ -86,7 +87,10 @@ async fn a_join_on_a_stale_chat_read_does_not_give_an_ended_turn_its_chat_back()
     let joined = turnpike_store::chats::join(&bus, &chat, &turn, Some(1), None)
         .await
         .expect("join");
-    assert!(joined.is_some(), "the first turn of an idle chat is live");
+    assert!(
+        matches!(joined, Joined::Live(_)),
+        "the first turn of an idle chat is live"
+    );
     let stale = turnpike_store::chats::read(&bus, &chat)
         .await
         .expect("read");
@@ -101,7 +105,11 @@ async fn a_join_on_a_stale_chat_read_does_not_give_an_ended_turn_its_chat_back()
     let again = turnpike_store::chats::join(&bus, &chat, &turn, Some(1), Some(stale))
         .await
         .expect("join again");
-    assert_eq!(again, None, "the ended turn was given its chat back");
+    assert_eq!(
+        again,
+        Joined::Left,
+        "the ended turn was given its chat back"
+    );
     let c = chat_record(&bus, "rev2").await;
     assert_eq!(c.live, None);
 }
@@ -127,7 +135,7 @@ async fn a_join_at_a_stale_revision_queues_behind_the_turn_that_went_first() {
     let joined = turnpike_store::chats::join(&bus, &chat, &second, Some(2), Some(stale))
         .await
         .expect("join second");
-    assert_eq!(joined, None, "the second turn waits");
+    assert_eq!(joined, Joined::Waiting, "the second turn waits");
     let c = chat_record(&bus, "rev3").await;
     assert_eq!(c.live, Some(first));
     assert_eq!(c.waiting, vec![second]);

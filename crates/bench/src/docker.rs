@@ -240,7 +240,7 @@ pub async fn docker_overhead(out: &mut String) -> Result<()> {
             .await?
             .context("turn record")?
             .record;
-        let reply_seq = *record.attempts[0].replies.first().context("reply stored")?;
+        let reply_seq = record.attempts[0].reply_span.context("reply stored")?.first;
         let reply: SystemTime = stack
             .bus
             .js

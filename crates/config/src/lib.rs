@@ -91,7 +91,8 @@ pub struct Config {
     // --- Retries ------------------------------------------------------------------------------
     /// Attempts a turn may get, the first included; **0 and 1 both mean one attempt, no
     /// retries**. Also read as `MAX_TURN_RETRY`. Stored in each turn when it is created, so
-    /// changing it never alters a turn in flight.
+    /// changing it never alters a turn in flight. At most 100 (the turn record holds every
+    /// attempt, and must fit `max_payload`).
     pub max_turn_retry: u32,
     /// Flat delay between a death and the next attempt.
     #[serde(with = "units::duration")]
@@ -114,18 +115,35 @@ pub struct Config {
     /// Time between the polite stop and the kill, for time limits, drains and operator kills.
     #[serde(with = "units::duration")]
     pub stop_grace: Duration,
-    /// Largest attachment accepted.
-    pub attachment_max_bytes: ByteSize,
+
+    // --- Limits (every payload fits max_payload) ----------------------------------------------
+    /// The largest message the NATS servers accept (their `max_payload`). Every payload
+    /// Turnpike builds is budgeted to fit it (the limits here are checked against it at start),
+    /// and a role refuses to start against servers that accept less.
+    pub max_payload: ByteSize,
+    /// Largest inbound message accepted, counted whole and encoded (text, sender, attachment
+    /// list, as JSON or MessagePack writes them, escapes included); larger ones are refused with
+    /// a notice. Also the longest bot message or status line landed (longer ones are cut, with
+    /// a marker).
+    pub message_max_bytes: ByteSize,
+    /// Bot messages one attempt may land; the agent's further messages are not delivered, the
+    /// chat is told once that the reply was cut, and the turn counts as replied.
+    pub attempt_messages_max: u32,
+    /// Encoded bytes of bot messages one attempt may land (as `attempt_messages_max`).
+    pub attempt_bytes_max: ByteSize,
     /// Inbound and bot messages kept as history for a new turn.
     pub history_limit: usize,
-    /// Bytes of message text kept as history: the oldest entries are left out first (with a note
-    /// saying so), so a chat of long replies can never outgrow what NATS carries.
+    /// Encoded bytes of history given to a turn (each entry as JSON writes it, escapes
+    /// included): the oldest entries are left out first (with a note saying so), so a chat of
+    /// long replies can never outgrow what NATS carries.
     pub history_max_bytes: ByteSize,
-    /// Longest inbound message accepted (longer ones are refused with a notice), and longest bot
-    /// message or status line landed (longer ones are cut, with a marker).
-    pub message_max_bytes: ByteSize,
+    /// Messages a chat may have waiting behind its running turn; more are refused with a notice
+    /// (the chat's record, which holds its queue, must fit `max_payload`).
+    pub chat_queue_max: usize,
     /// Attachments one inbound message may list.
     pub attachments_max: usize,
+    /// Largest attachment accepted.
+    pub attachment_max_bytes: ByteSize,
     /// Bytes all of one message's attachments may add up to.
     pub attachments_max_total_bytes: ByteSize,
     /// Bytes the attachment store may hold (per replica); when full, uploads are refused by
@@ -183,7 +201,9 @@ pub struct Config {
     /// Dead letters.
     #[serde(with = "units::duration")]
     pub retention_dead_letters: Duration,
-    /// JetStream duplicate window (dedup by `Nats-Msg-Id`).
+    /// JetStream duplicate window (dedup by `Nats-Msg-Id`). At least `1m`: a turn's notice is
+    /// sent once because its dedup id holds this long, while one process may carry out the
+    /// turn's last effects and another find them still owed.
     #[serde(with = "units::duration")]
     pub dedup_window: Duration,
 
@@ -236,6 +256,7 @@ impl Default for Config {
             replicas: 1,
             manage_topology: true,
             codec: PayloadCodec::Json,
+            max_payload: ByteSize(turnpike_core::sizes::NATS_DEFAULT_MAX_PAYLOAD as u64),
             max_turn_retry: 3,
             retry_delay: Duration::from_secs(10),
             run_timeout: Duration::from_secs(30 * 60),
@@ -249,6 +270,9 @@ impl Default for Config {
             history_limit: 50,
             history_max_bytes: ByteSize(256 * 1024),
             message_max_bytes: ByteSize(64 * 1024),
+            attempt_messages_max: 1000,
+            attempt_bytes_max: ByteSize(8 * 1024 * 1024),
+            chat_queue_max: 1000,
             attachments_max: 16,
             attachments_max_total_bytes: ByteSize(64 * 1024 * 1024),
             attachments_store_max_bytes: ByteSize(8 * 1024 * 1024 * 1024),
@@ -333,6 +357,26 @@ impl Config {
     /// Attempts a turn gets with this `max_turn_retry` (core's rule: 0 and 1 both mean one).
     pub fn attempt_limit(&self) -> u32 {
         turnpike_core::lifecycle::attempt_limit(self.max_turn_retry)
+    }
+
+    /// What each growing part of a payload may take, for core's size checks.
+    pub fn budgets(&self) -> turnpike_core::sizes::Budgets {
+        let usize_of = |b: ByteSize| usize::try_from(b.0).unwrap_or(usize::MAX);
+        turnpike_core::sizes::Budgets {
+            max_payload: usize_of(self.max_payload),
+            message: usize_of(self.message_max_bytes),
+            history: usize_of(self.history_max_bytes),
+            attempts: self.attempt_limit(),
+            chat_queue: self.chat_queue_max,
+        }
+    }
+
+    /// The limits an inbound message is checked against.
+    pub fn inbound_limits(&self) -> turnpike_core::wire::InboundLimits {
+        turnpike_core::wire::InboundLimits {
+            message_max: usize::try_from(self.message_max_bytes.0).unwrap_or(usize::MAX),
+            attachments_max: self.attachments_max,
+        }
     }
 }
 

@@ -239,8 +239,86 @@ fn unsafe_container_settings_and_unfitting_limits_are_refused() {
             message_max_bytes: ByteSize(0),
             ..Config::default()
         },
+        "message_max_bytes",
+    );
+    // Issue 32: every payload fits max_payload by construction, so the limits that make them
+    // grow are bounded by it, and by the promises that need them.
+    refused(
+        Config {
+            max_turn_retry: 101,
+            ..Config::default()
+        },
+        "max_turn_retry",
+    );
+    refused(
+        Config {
+            max_turn_retry: 100,
+            history_max_bytes: ByteSize(512 << 10),
+            ..Config::default()
+        },
+        "max_turn_retry",
+    );
+    refused(
+        Config {
+            chat_queue_max: 100_000,
+            ..Config::default()
+        },
+        "chat_queue_max",
+    );
+    refused(
+        Config {
+            max_payload: ByteSize(256 << 10),
+            ..Config::default()
+        },
         "history_max_bytes",
     );
+    refused(
+        Config {
+            dedup_window: Duration::from_secs(10),
+            ..Config::default()
+        },
+        "dedup_window",
+    );
+    refused(
+        Config {
+            attempt_bytes_max: ByteSize(1000),
+            ..Config::default()
+        },
+        "attempt_bytes_max",
+    );
+    for (key, c) in [
+        (
+            "attempt_messages_max",
+            Config {
+                attempt_messages_max: 0,
+                ..Config::default()
+            },
+        ),
+        (
+            "chat_queue_max",
+            Config {
+                chat_queue_max: 0,
+                ..Config::default()
+            },
+        ),
+    ] {
+        refused(c, key);
+    }
+    // A larger max_payload makes room: a hundred attempts with the default limits fit 1 MiB,
+    // and more history fits 8 MiB.
+    assert!(Config {
+        max_turn_retry: 100,
+        ..Config::default()
+    }
+    .validate()
+    .is_ok());
+    assert!(Config {
+        max_payload: ByteSize(8 << 20),
+        history_max_bytes: ByteSize(4 << 20),
+        ..Config::default()
+    }
+    .validate()
+    .is_ok());
     assert!(Config {
         agent_user: "1000:1000".into(),
         network_mode: "bridge".into(),

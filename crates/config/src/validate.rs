@@ -1,6 +1,14 @@
 //! The checks between values that types alone cannot make, each naming the key it refuses.
 
 use crate::{Config, ConfigError};
+use std::time::Duration;
+
+/// The most attempts a turn may be given: its record holds every one.
+pub const MAX_TURN_RETRY_MAX: u32 = 100;
+/// The smallest `message_max_bytes`: a message's id, sender and structure count too.
+pub const MESSAGE_MAX_BYTES_MIN: u64 = 1024;
+/// The shortest duplicate window: what once-only notices need (see `dedup_window`).
+pub const DEDUP_WINDOW_MIN: Duration = Duration::from_secs(60);
 
 impl Config {
     /// Check relations between values that types alone cannot.
@@ -40,17 +48,73 @@ impl Config {
                 ));
             }
         }
-        // What one work item can carry must stay well inside NATS's default 1 MiB max_payload:
-        // the message, the history and the attachment list, with room for the record around them.
-        const PAYLOAD_BUDGET: u64 = 768 * 1024;
-        if self.message_max_bytes.0 == 0
-            || self.history_max_bytes.0 == 0
-            || self.message_max_bytes.0 + self.history_max_bytes.0 > PAYLOAD_BUDGET
-        {
+        if self.max_turn_retry > MAX_TURN_RETRY_MAX {
             return Err(invalid(
-                "history_max_bytes",
-                format!("{} + message_max_bytes {}", self.history_max_bytes, self.message_max_bytes),
-                "both must be non-zero and add up to at most 768 KiB, so every work item and record fits NATS's 1 MiB max_payload",
+                "max_turn_retry",
+                self.max_turn_retry.to_string(),
+                &format!("at most {MAX_TURN_RETRY_MAX}: the turn record holds every attempt"),
+            ));
+        }
+        if self.message_max_bytes.0 < MESSAGE_MAX_BYTES_MIN {
+            return Err(invalid(
+                "message_max_bytes",
+                self.message_max_bytes.to_string(),
+                &format!(
+                    "at least {MESSAGE_MAX_BYTES_MIN} bytes: the limit counts the whole message, its id and sender too"
+                ),
+            ));
+        }
+        if self.history_max_bytes.0 == 0 {
+            return Err(invalid("history_max_bytes", "0".into(), "must be non-zero"));
+        }
+        if self.attempt_messages_max == 0 {
+            return Err(invalid(
+                "attempt_messages_max",
+                "0".into(),
+                "an attempt must be able to land a message",
+            ));
+        }
+        if self.attempt_bytes_max.0 < self.message_max_bytes.0 {
+            return Err(invalid(
+                "attempt_bytes_max",
+                self.attempt_bytes_max.to_string(),
+                "must hold at least one message of message_max_bytes",
+            ));
+        }
+        if self.chat_queue_max == 0 {
+            return Err(invalid(
+                "chat_queue_max",
+                "0".into(),
+                "a chat must be able to queue a message behind its running turn",
+            ));
+        }
+        // Every payload Turnpike builds must fit the servers' max_payload by construction: the
+        // record with every attempt, the work item, the chat record with its whole queue.
+        if let Err(e) = self.budgets().check() {
+            // Blame the attempts only if one attempt would fit, the queue only if an empty one.
+            let one_attempt = turnpike_core::sizes::Budgets {
+                attempts: 1,
+                chat_queue: 0,
+                ..self.budgets()
+            };
+            let key = match e.what {
+                _ if one_attempt.check().is_err() => "history_max_bytes",
+                "the turn record" => "max_turn_retry",
+                "the chat record" => "chat_queue_max",
+                _ => "history_max_bytes",
+            };
+            let value = match key {
+                "max_turn_retry" => self.max_turn_retry.to_string(),
+                "chat_queue_max" => self.chat_queue_max.to_string(),
+                _ => format!(
+                    "{} + message_max_bytes {}",
+                    self.history_max_bytes, self.message_max_bytes
+                ),
+            };
+            return Err(invalid(
+                key,
+                value,
+                &format!("{e}; lower the limits or raise max_payload (the servers' too)"),
             ));
         }
         if self.attachments_store_max_bytes.0 < self.attachments_max_total_bytes.0 {
@@ -144,11 +208,18 @@ impl Config {
                 "must be a positive number",
             ));
         }
-        if self.dedup_window.is_zero() {
+        // A turn's notice is sent once because its dedup id holds for this long. Whoever carries
+        // out an ended turn's effects first checks that the turn is still listed as owing them;
+        // the window must outlast the few requests (each up to the 10 s request time-out)
+        // between that check and the publish, with room for two processes doing it at once.
+        if self.dedup_window < DEDUP_WINDOW_MIN {
             return Err(invalid(
                 "dedup_window",
-                "0s".into(),
-                "must be longer than zero",
+                humantime::format_duration(self.dedup_window).to_string(),
+                &format!(
+                    "at least {}: a turn's notice is sent once only within it",
+                    humantime::format_duration(DEDUP_WINDOW_MIN)
+                ),
             ));
         }
         // The same rule as every runner id on the wire (core's), length included.

@@ -293,6 +293,20 @@ async fn lead(
     drop(permit);
 }
 
+/// End a turn whose events cannot be written for good; what becomes of those events: refused
+/// (dead-lettered) once the turn has ended, or tried again if ending it failed for now.
+async fn abandoned(bus: &Bus, turn: &TurnId, error: &ApplyError) -> Verdict {
+    let reason = error.to_string();
+    match turns::abandon(bus, turn, &reason).await {
+        Ok(_) => Verdict::Refuse(reason),
+        Err(e) if e.is_transient() => Verdict::Later(e.to_string()),
+        Err(e) => {
+            tracing::error!(turn_id = %turn, error = %e, "the turn could not be ended either");
+            Verdict::Refuse(format!("{reason}; ending the turn failed too: {e}"))
+        }
+    }
+}
+
 /// What becomes of an event's message.
 #[derive(Clone)]
 enum Verdict {
@@ -377,7 +391,13 @@ async fn write(shared: &Shared, turn: &TurnId, batch: Vec<Queued>) {
         Ok(applied) => applied,
         Err(e) => {
             shared.recent.forget(turn);
-            let verdict = Verdict::of(&e);
+            let verdict = if e.ends_the_turn() {
+                // The turn's record can never take these events (NATS refuses it for good):
+                // the turn ends failed instead of the events coming back forever.
+                abandoned(bus, turn, &e).await
+            } else {
+                Verdict::of(&e)
+            };
             for q in batch {
                 settle(shared, &q.msg, verdict.clone())
                     .instrument(q.span)

@@ -93,7 +93,15 @@ pub async fn serve(
                             &req.message.payload,
                         ) {
                             Ok(r) => handle(&bus, &config, &counters, subject, r).await,
-                            Err(e) => reply(false, format!("bad request: {e}"), None, None),
+                            Err(e) => reply(
+                                false,
+                                format!(
+                                    "bad request: {}",
+                                    turnpike_core::sizes::quote(&e.to_string())
+                                ),
+                                None,
+                                None,
+                            ),
                         };
                         serde_json::to_vec(&answer)
                     }
@@ -119,6 +127,19 @@ async fn handle(
     subject: &str,
     r: OpsRequest,
 ) -> OpsReply {
+    // The name is kept in records: bounded like every value from outside.
+    let by_len = turnpike_core::sizes::str_len(&r.by);
+    if r.by.is_empty() || by_len > turnpike_core::sizes::OPERATOR_MAX {
+        return reply(
+            false,
+            format!(
+                "bad request: the operator name must be 1 to {} bytes",
+                turnpike_core::sizes::OPERATOR_MAX
+            ),
+            r.turn.as_ref(),
+            None,
+        );
+    }
     let action = OperatorAction {
         by: r.by.clone(),
         at: now(),
@@ -236,12 +257,8 @@ async fn clear(
     action: OperatorAction,
 ) -> Result<OpsReply, ApplyError> {
     let cleared = turnpike_store::chats::update(bus, chat, |c| {
-        if c.errored.is_none() {
-            return (false, false);
-        }
-        c.errored = None;
-        c.cleared.push(action.clone());
-        (true, true)
+        let cleared = turnpike_core::chat::clear_errored(c, action.clone());
+        (cleared, cleared)
     })
     .await?;
     Ok(if cleared {

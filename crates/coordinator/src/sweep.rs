@@ -88,7 +88,7 @@ pub async fn sweep_once(
 }
 
 /// How a claimed attempt's absent lease (by its key) is judged.
-type JudgeAbsent<'a> = dyn FnMut(&str) -> recovery::Lease + Send + 'a;
+pub type JudgeAbsent<'a> = dyn FnMut(&str) -> recovery::Lease + Send + 'a;
 
 async fn sweep_live(
     bus: &Bus,
@@ -96,7 +96,6 @@ async fn sweep_live(
     counters: &Counters,
     absent: &mut JudgeAbsent<'_>,
 ) -> Result<SweepReport, BusError> {
-    let mut report = SweepReport::default();
     let mut keys = bus
         .live
         .keys()
@@ -109,8 +108,25 @@ async fn sweep_live(
             Err(e) => return Err(BusError::kv("list live turns", e)),
         }
     }
-    report.live = live.len();
-    for key in live {
+    sweep_listed(bus, config, counters, live, absent).await
+}
+
+/// A pass over `listed`, the live turns as listed when the pass began (given here by the
+/// tests, which make the listing stale). Each turn is read afresh, and a turn's effects are
+/// carried out only if it is still listed when that is decided: however long the pass takes
+/// (thousands of live turns, a NATS brown-out), what it does never rests on its old listing.
+pub async fn sweep_listed(
+    bus: &Bus,
+    config: &Config,
+    counters: &Counters,
+    listed: Vec<String>,
+    absent: &mut JudgeAbsent<'_>,
+) -> Result<SweepReport, BusError> {
+    let mut report = SweepReport {
+        live: listed.len(),
+        ..SweepReport::default()
+    };
+    for key in listed {
         let Ok(turn) = TurnId::new(key.as_str()) else {
             let _ = bus
                 .live
@@ -118,8 +134,17 @@ async fn sweep_live(
                 .await;
             continue;
         };
-        if let Err(e) = sweep_turn(bus, config, counters, &turn, &mut report, absent).await {
-            warn!(turn_id = %turn, error = %e, "sweep could not settle this turn; next sweep retries");
+        match sweep_turn(bus, config, counters, &turn, &mut report, absent).await {
+            Ok(()) => {}
+            // What the turn needs can never be stored or counted: it ends, failed.
+            Err(e) if e.ends_the_turn() => {
+                if let Err(e) = turns::abandon(bus, &turn, &e.to_string()).await {
+                    warn!(turn_id = %turn, error = %e, "could not end the turn; next sweep retries");
+                }
+            }
+            Err(e) => {
+                warn!(turn_id = %turn, error = %e, "sweep could not settle this turn; next sweep retries")
+            }
         }
     }
     Ok(report)
@@ -157,6 +182,12 @@ async fn sweep_turn(
     match plan {
         recovery::Plan::Finish => {
             // Ended, but its effects did not all happen: carried out, it leaves this index.
+            // Only if it is still listed *now*: the pass's listing may be older than the
+            // duplicate window, and a turn whose effects were carried out meanwhile (and that
+            // left the index) must not send its notice again.
+            if !turns::is_listed(bus, turn).await? {
+                return Ok(());
+            }
             turns::run_outbox(bus, current.clone()).await?;
             report.cleaned += 1;
         }

@@ -36,12 +36,26 @@ pub enum Joined {
     /// Its message was taken before and the turn has since left the chat (a replay after a
     /// dispatcher died between the join and the acknowledgement): nothing to do.
     Left,
+    /// The chat has its whole queue waiting already (`chat_queue_max`): the turn does not join,
+    /// its message is counted taken, and its caller ends it (the chat record must stay within
+    /// what NATS carries).
+    Full { waiting: usize },
 }
 
 /// A new turn joins its chat: it becomes the live turn if there is none, else it queues in
 /// arrival order. `inbound_seq` (the inbound message's stream sequence) is recorded as taken.
 /// Returns `(changed, joined)`.
 pub fn join(c: &mut ChatRecord, turn: &TurnId, inbound_seq: Option<u64>) -> (bool, Joined) {
+    join_bounded(c, turn, inbound_seq, usize::MAX)
+}
+
+/// [`join`], with at most `queue_max` turns waiting: one more is [`Joined::Full`].
+pub fn join_bounded(
+    c: &mut ChatRecord,
+    turn: &TurnId,
+    inbound_seq: Option<u64>,
+    queue_max: usize,
+) -> (bool, Joined) {
     if c.live.as_ref() == Some(turn) {
         return (false, Joined::Live(c.history.clone()));
     }
@@ -58,6 +72,9 @@ pub fn join(c: &mut ChatRecord, turn: &TurnId, inbound_seq: Option<u64>) -> (boo
     if c.live.is_none() {
         c.live = Some(turn.clone());
         (true, Joined::Live(c.history.clone()))
+    } else if c.waiting.len() >= queue_max {
+        let waiting = c.waiting.len();
+        (inbound_seq.is_some(), Joined::Full { waiting })
     } else {
         c.waiting.push(turn.clone());
         (true, Joined::Waiting)
@@ -74,8 +91,20 @@ pub fn join_if_idle(c: &mut ChatRecord, turn: &TurnId, seq: u64) -> Option<Vec<H
     }
     match join(c, turn, Some(seq)).1 {
         Joined::Live(history) => Some(history),
-        Joined::Waiting | Joined::Left => None,
+        Joined::Waiting | Joined::Left | Joined::Full { .. } => None,
     }
+}
+
+/// An operator clears the chat's errored flag: recorded with who and when (the newest
+/// [`crate::sizes::CLEARED_KEPT`] kept). `false` (nothing changed) if the chat is not flagged.
+pub fn clear_errored(c: &mut ChatRecord, by: crate::wire::OperatorAction) -> bool {
+    if c.errored.take().is_none() {
+        return false;
+    }
+    c.cleared.push(by);
+    let excess = c.cleared.len().saturating_sub(crate::sizes::CLEARED_KEPT);
+    c.cleared.drain(..excess);
+    true
 }
 
 /// The inbound message at `seq` was taken without joining (refused, or its turn had already
@@ -150,9 +179,22 @@ pub fn release(
     replies: &[String],
     budget: Budget,
 ) -> Released {
+    release_with(c, record, replies, 0, budget)
+}
+
+/// [`release`], when `skipped` older replies of the turn were left out before `replies` (the
+/// newest that a history can hold): they count among the history's left-out entries.
+pub fn release_with(
+    c: &mut ChatRecord,
+    record: &TurnRecord,
+    replies: &[String],
+    skipped: u64,
+    budget: Budget,
+) -> Released {
     let mut changed = false;
     if is_live(c, &record.turn) {
         if ran(record) {
+            c.history_dropped += skipped;
             let said = std::iter::once(HistoryEntry {
                 role: Role::User,
                 text: record.message.text.clone(),
@@ -240,6 +282,32 @@ mod tests {
             (false, Joined::Live(vec![]))
         );
         assert_eq!(join(&mut c, &turn(2), Some(2)), (false, Joined::Waiting));
+    }
+
+    /// A chat's queue is bounded (its record must fit NATS): one more is refused, its message
+    /// counted taken so the chat's next ones go, and a slot freed takes the next one again.
+    #[test]
+    fn a_full_queue_takes_the_message_but_not_the_turn() {
+        let mut c = empty(&chat());
+        join_bounded(&mut c, &turn(1), Some(1), 2);
+        join_bounded(&mut c, &turn(2), Some(2), 2);
+        join_bounded(&mut c, &turn(3), Some(3), 2);
+        assert_eq!(
+            join_bounded(&mut c, &turn(4), Some(4), 2),
+            (true, Joined::Full { waiting: 2 })
+        );
+        assert_eq!(c.waiting, vec![turn(2), turn(3)]);
+        assert_eq!(c.inbound_seq, 4, "taken: the chat's next message goes");
+        // A replay of the refused one changes nothing more.
+        assert_eq!(
+            join_bounded(&mut c, &turn(4), Some(4), 2),
+            (false, Joined::Left)
+        );
+        release(&mut c, &record(1, true), &[], BUDGET);
+        assert_eq!(
+            join_bounded(&mut c, &turn(5), Some(5), 2),
+            (true, Joined::Waiting)
+        );
     }
 
     #[test]

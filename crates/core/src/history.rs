@@ -1,11 +1,15 @@
 //! A chat's conversation history, bounded in entries and in bytes. Pure: the chat record's
 //! `history` and `history_dropped` go in, the new ones come out.
 //!
-//! Every entry is cut to the byte budget, and the oldest entries are dropped first until the
-//! whole fits, so no chat can grow its record, or the work items made from it, past what NATS
-//! carries (a chat of long replies used to wedge at about 18 turns). When entries were dropped,
-//! the history starts with a [`Role::Note`] entry that says how many.
+//! The byte budget counts *encoded* bytes ([`entry_len`]: an entry as JSON or MessagePack
+//! writes it, whichever is larger), so a history of control characters or quotes, which JSON
+//! escapes to several bytes each, is held to the same size as any other. Every entry is cut to
+//! the budget, and the oldest entries are dropped first until the whole fits, so no chat can
+//! grow its record, or the work items made from it, past what NATS carries (a chat of long
+//! replies used to wedge at about 18 turns). When entries were dropped, the history starts with
+//! a [`Role::Note`] entry that says how many.
 
+use crate::sizes;
 use crate::texts;
 use crate::wire::{HistoryEntry, Role};
 
@@ -14,8 +18,17 @@ use crate::wire::{HistoryEntry, Role};
 pub struct Budget {
     /// Entries (user and bot messages), the note not counted.
     pub entries: usize,
-    /// Bytes of entry text, the note not counted.
+    /// Encoded bytes of the entries ([`entry_len`] each), the note not counted.
     pub bytes: usize,
+}
+
+/// What an entry adds to a history besides its text's encoded bytes: `{"role":"user","text":}`
+/// and a comma in JSON (more than MessagePack's map, keys and role).
+pub const ENTRY_OVERHEAD: usize = 24;
+
+/// The encoded bytes an entry takes in a history.
+pub fn entry_len(e: &HistoryEntry) -> usize {
+    ENTRY_OVERHEAD + sizes::str_len(&e.text)
 }
 
 /// Append a finished turn's entries and cut to the budget. `dropped` counts entries left out so
@@ -27,16 +40,17 @@ pub fn append(
     budget: Budget,
 ) {
     history.retain(|e| e.role != Role::Note);
+    let text_max = budget.bytes.saturating_sub(ENTRY_OVERHEAD);
     history.extend(new.into_iter().map(|mut e| {
-        if let std::borrow::Cow::Owned(cut) = texts::truncate(&e.text, budget.bytes) {
+        if let std::borrow::Cow::Owned(cut) = sizes::cut(&e.text, text_max) {
             e.text = cut;
         }
         e
     }));
-    let mut bytes: usize = history.iter().map(|e| e.text.len()).sum();
+    let mut bytes: usize = history.iter().map(entry_len).sum();
     let mut cut = 0;
     while cut < history.len() && (history.len() - cut > budget.entries || bytes > budget.bytes) {
-        bytes -= history[cut].text.len();
+        bytes -= entry_len(&history[cut]);
         cut += 1;
     }
     history.drain(..cut);
@@ -73,6 +87,11 @@ mod tests {
             bytes: 100,
         };
         append(&mut h, &mut dropped, [e(Role::Bot, "b")], budget);
+        assert_eq!(
+            entry_len(&h[0]),
+            ENTRY_OVERHEAD + 6,
+            "\"a\" in MessagePack's five-byte header"
+        );
         assert_eq!(h, vec![e(Role::User, "a"), e(Role::Bot, "b")]);
         assert_eq!(dropped, 0);
     }
@@ -133,10 +152,10 @@ mod tests {
         let bytes: usize = h
             .iter()
             .filter(|e| e.role != Role::Note)
-            .map(|e| e.text.len())
+            .map(entry_len)
             .sum();
         assert!(bytes <= 1000, "{bytes}");
-        assert_eq!(h.len(), 4, "note + three 300-byte entries");
+        assert_eq!(h.len(), 4, "note + three 300-byte entries (329 encoded)");
         append(
             &mut h,
             &mut dropped,
@@ -144,7 +163,7 @@ mod tests {
             budget,
         );
         assert_eq!(h.len(), 2, "note + the one cut entry: {h:?}");
-        assert!(h[1].text.len() <= 1000 && h[1].text.ends_with("[cut: 5000 bytes in all]"));
+        assert!(entry_len(&h[1]) <= 1000 && h[1].text.ends_with("[cut: 5000 bytes in all]"));
     }
 
     proptest! {
@@ -152,23 +171,30 @@ mod tests {
         /// entries in order.
         #[test]
         fn history_always_fits_its_budget(
-            turns in prop::collection::vec(prop::collection::vec(0usize..3000, 0..4), 1..40),
+            turns in prop::collection::vec(prop::collection::vec((0usize..3000, 0usize..3), 0..4), 1..40),
             entries in 1usize..20,
-            bytes in 1usize..5000,
+            bytes in 100usize..5000,
         ) {
             let budget = Budget { entries, bytes };
             let mut h = Vec::new();
             let mut dropped = 0u64;
             let mut all = Vec::new();
-            for (t, sizes) in turns.iter().enumerate() {
-                let new: Vec<_> = sizes.iter().enumerate()
-                    .map(|(i, n)| e(Role::Bot, &format!("{t}.{i}:{}", "z".repeat(*n))))
+            for (t, lens) in turns.iter().enumerate() {
+                // Letters, quotes (two bytes each in JSON) and control characters (six).
+                let new: Vec<_> = lens.iter().enumerate()
+                    .map(|(i, (n, kind))| {
+                        let fill = ["z", "\"", "\u{1}"][*kind];
+                        e(Role::Bot, &format!("{t}.{i}:{}", fill.repeat(*n)))
+                    })
                     .collect();
                 all.extend(new.clone());
                 append(&mut h, &mut dropped, new, budget);
                 let kept: Vec<_> = h.iter().filter(|e| e.role != Role::Note).collect();
                 prop_assert!(kept.len() <= entries);
-                prop_assert!(kept.iter().map(|e| e.text.len()).sum::<usize>() <= bytes);
+                prop_assert!(kept.iter().map(|e| entry_len(e)).sum::<usize>() <= bytes);
+                // What a work item or record carries: within the budget, the note included.
+                let encoded = sizes::encoded_len(&h);
+                prop_assert!(encoded <= bytes + sizes::HISTORY_NOTE_MAX + 2, "{} > {}", encoded, bytes);
                 prop_assert_eq!(kept.len() as u64 + dropped, all.len() as u64);
                 prop_assert_eq!(h.first().is_some_and(|e| e.role == Role::Note), dropped > 0);
                 // The kept ones are the newest, in order, each whole or a cut of its original.

@@ -10,6 +10,8 @@
 //! - [`recovery`]: what the recovery sweep does with a turn no event will settle.
 //! - [`texts`]: the exact user-facing notices and the retry preamble.
 //! - [`backoff`]: the one doubling wait schedule every retry loop uses.
+//! - [`sizes`]: sizes in encoded bytes, and the budgets that keep every payload within NATS's
+//!   `max_payload`.
 //!
 //! Nothing here reads a clock, a socket or a file: time is passed in as [`Timestamp`].
 
@@ -23,6 +25,7 @@ pub mod ids;
 pub mod lifecycle;
 pub mod record;
 pub mod recovery;
+pub mod sizes;
 pub mod subjects;
 pub mod texts;
 pub mod time;

@@ -47,6 +47,10 @@ pub enum Event {
     Exited { attempt: u32, report: ExitReport },
     /// An operator asked to kill the turn.
     KillRequested { action: OperatorAction },
+    /// A step of the turn failed in a way no retry can change (a payload NATS refuses as too
+    /// large, a value it refuses as invalid, a message its chat cannot take): the turn ends
+    /// failed, with the plain notice and its chat flagged, instead of being retried forever.
+    Abandoned { reason: String },
 }
 
 /// What the state machine asks a shell to do. Every effect is idempotent (dedup ids derived from
@@ -81,14 +85,17 @@ pub enum Effect {
 }
 
 impl Effect {
-    /// Does `record` prove this effect carried out? Only an attempt that began proves its
-    /// dispatch (its runner took the work item), and only an attempt that exited makes its kill
-    /// moot. Such effects leave the outbox with the next write of the record, so carrying out an
+    /// Does `record` prove this effect carried out, or moot? Only an attempt that began proves
+    /// its dispatch (its runner took the work item), or the turn's end makes it moot; only an
+    /// attempt that exited makes its kill moot. Such effects leave the outbox with the next write of the record, so carrying out an
     /// outbox costs no write of its own; an ended turn's effects stay, and its removal from the
     /// live index is what says they were carried out.
     pub fn carried_out(&self, record: &TurnRecord) -> bool {
         let attempt = |n: u32| record.attempts.iter().find(|a| a.n == n);
         match self {
+            // An ended turn runs no attempt: a dispatch still owed is moot (its attempt is
+            // cancelled, or was never due).
+            Effect::DispatchAttempt { .. } if record.state.is_terminal() => true,
             Effect::DispatchAttempt { attempt: n, .. } => attempt(*n)
                 .is_some_and(|a| a.runner.is_some() || a.messages_landed > 0 || a.exit.is_some()),
             Effect::ForwardKill { attempt: n } => attempt(*n).is_some_and(|a| a.exit.is_some()),
@@ -290,7 +297,9 @@ pub fn apply(record: &TurnRecord, event: &Event, now: Timestamp) -> Result<Step,
                 return Ok(Step::Unchanged(Unchanged::Duplicate));
             }
             a.messages_landed = *seq;
-            a.replies.extend(*stream_seq);
+            if let Some(at) = stream_seq {
+                a.reply_span = Some(crate::wire::ReplySpan::with(a.reply_span, *at));
+            }
             r.state = TurnState::Running;
             r.next_attempt_due = None;
             Vec::new()
@@ -303,18 +312,15 @@ pub fn apply(record: &TurnRecord, event: &Event, now: Timestamp) -> Result<Step,
             // What landed is the larger of what we saw land and what the runner says landed.
             a.messages_landed = a.messages_landed.max(report.messages_landed);
             // Events are handled concurrently, so this report may come before the attempt's
-            // MessageLanded events; it is the runner's whole account of where they are stored.
-            if report.replies.len() > a.replies.len()
-                && report.replies.len() <= a.messages_landed as usize
-            {
-                a.replies.clone_from(&report.replies);
-            }
+            // MessageLanded events; both say truly where some of them are stored.
+            a.reply_span = crate::wire::ReplySpan::union(a.reply_span, report.reply_span);
             if let (None, Some(start)) = (&a.runner, &report.started) {
                 a.runner = Some(start.runner.clone());
                 a.published_at = Some(start.published_at);
                 a.started_at = start.started_at;
             }
-            a.exit = Some(report.clone());
+            // Kept bounded whatever the runner sent: the record must fit NATS.
+            a.exit = Some(report.clone().bounded());
             // The death is dated by `now`, the time of the event that reported it: the shells
             // pass the server's timestamp of that event, the same clock that fires the retry's
             // schedule. The runner's own `ended_at` is kept for operators, never used to decide.
@@ -352,6 +358,50 @@ pub fn apply(record: &TurnRecord, event: &Event, now: Timestamp) -> Result<Step,
             }
             _ => return Ok(unchanged_for_state(r.state)),
         },
+        Event::Abandoned { reason } => {
+            if r.state.is_terminal() {
+                return Ok(unchanged_for_state(r.state));
+            }
+            let reason = crate::sizes::cut(reason, crate::sizes::REASON_MAX).into_owned();
+            let mut effects = Vec::new();
+            // Nothing of the turn may run or land from here on: an attempt that runs is fenced
+            // out and told to stop; one owed is cancelled (its claim taken, its schedule
+            // dropped). An attempt only scheduled was never made.
+            let made = match r.state {
+                TurnState::Running => {
+                    effects.push(Effect::ForwardKill { attempt: r.attempt });
+                    r.attempt
+                }
+                TurnState::Queued | TurnState::PendingRetry => {
+                    effects.push(Effect::CancelAttempt { attempt: r.attempt });
+                    if r.state == TurnState::PendingRetry {
+                        r.attempt - 1
+                    } else {
+                        r.attempt
+                    }
+                }
+                _ => r.attempt,
+            };
+            effects.extend(finish_after(
+                &mut r,
+                TurnState::Failed,
+                OutcomeReason::PermanentError,
+                made,
+                now,
+            ));
+            if let Some(o) = r.outcome.as_mut() {
+                o.error = Some(reason.clone());
+            }
+            for e in &mut effects {
+                if let Effect::FlagChatErrored {
+                    reason: flagged, ..
+                } = e
+                {
+                    *flagged = reason.clone();
+                }
+            }
+            effects
+        }
     };
     r.updated_at = now;
     Ok(Step::Changed {
@@ -513,6 +563,7 @@ fn finish_after(
         reason,
         at: now,
         attempts,
+        error: None,
     });
     let notice = match reason {
         OutcomeReason::Replied | OutcomeReason::OperatorKilled => None,
@@ -521,7 +572,8 @@ fn finish_after(
         }
         OutcomeReason::AgentFailed
         | OutcomeReason::CouldNotStart
-        | OutcomeReason::DiedAfterReply => {
+        | OutcomeReason::DiedAfterReply
+        | OutcomeReason::PermanentError => {
             Some((NoticeKind::Plain, texts::PLAIN_FAILURE_NOTICE.to_owned()))
         }
         OutcomeReason::BudgetSpent => Some((NoticeKind::GiveUp, texts::give_up_notice(attempts))),
@@ -554,6 +606,10 @@ fn finish_after(
             ChatErrorCause::CouldNotStart,
             "agent could not start".to_owned(),
         )),
+        // The reason is set by the caller ([`Event::Abandoned`]).
+        OutcomeReason::PermanentError => {
+            Some((ChatErrorCause::PermanentError, "permanent error".to_owned()))
+        }
         _ => None,
     };
     if let Some((cause, reason)) = flag {

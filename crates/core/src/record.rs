@@ -104,6 +104,9 @@ pub enum OutcomeReason {
     DiedAfterReply,
     BudgetSpent,
     OperatorKilled,
+    /// A step of the turn failed in a way no retry can change (a payload NATS refuses as too
+    /// large, a value it refuses as invalid): the turn ended failed rather than retry forever.
+    PermanentError,
 }
 
 impl OutcomeReason {
@@ -117,6 +120,7 @@ impl OutcomeReason {
             OutcomeReason::DiedAfterReply => "died_after_reply",
             OutcomeReason::BudgetSpent => "budget_spent",
             OutcomeReason::OperatorKilled => "operator_killed",
+            OutcomeReason::PermanentError => "permanent_error",
         }
     }
 }
@@ -133,6 +137,10 @@ pub struct Outcome {
     pub at: Timestamp,
     /// Attempts actually made.
     pub attempts: u32,
+    /// For [`OutcomeReason::PermanentError`]: what failed, cut to
+    /// [`crate::sizes::REASON_MAX`] encoded bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -168,12 +176,17 @@ pub struct AttemptRecord {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub exit: Option<ExitReport>,
     pub messages_landed: u32,
-    /// Where this attempt's bot messages are stored on the outbound stream (stream sequences,
-    /// in landing order), as their runner reported them. Lets the turn's replies be read back
-    /// by sequence; when it is shorter than `messages_landed` (an older runner, a lost event),
-    /// readers scan the chat's outbound subject instead.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub replies: Vec<u64>,
+    /// Where this attempt's bot messages are stored on the outbound stream (the first and last
+    /// stream sequence), as their runner reported them: the turn's replies are read back from
+    /// that range. Without it (a lost event) readers scan the chat's outbound subject instead.
+    /// (Older records list every sequence, as `replies`; read as their span.)
+    #[serde(
+        default,
+        alias = "replies",
+        deserialize_with = "crate::wire::ReplySpan::deserialize_lenient",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub reply_span: Option<crate::wire::ReplySpan>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub preamble: Option<String>,
 }
@@ -188,7 +201,7 @@ impl AttemptRecord {
             runner: None,
             exit: None,
             messages_landed: 0,
-            replies: Vec::new(),
+            reply_span: None,
             preamble: None,
         }
     }
@@ -244,6 +257,11 @@ pub struct TurnRecord {
 fn v1() -> u16 {
     FORMAT_VERSION
 }
+
+/// Encoded bytes of the message text and of each error a compacted record keeps.
+pub const COMPACT_TEXT_MAX: usize = 1024;
+/// Attachments a compacted record lists.
+pub const COMPACT_ATTACHMENTS: usize = 4;
 impl TurnRecord {
     pub fn current_attempt(&self) -> Option<&AttemptRecord> {
         self.attempts.iter().find(|a| a.n == self.attempt)
@@ -263,6 +281,29 @@ impl TurnRecord {
     /// Did any bot message of this turn land, in any attempt?
     pub fn any_landed(&self) -> bool {
         self.attempts.iter().any(|a| a.messages_landed > 0)
+    }
+
+    /// The record made small enough to be stored whatever NATS accepts, for a turn that is ended
+    /// because its full record could not be (a server or bucket with a lower limit than
+    /// configured): the history is left out, the message text cut to [`COMPACT_TEXT_MAX`], the
+    /// attachment list to its first [`COMPACT_ATTACHMENTS`], every error to [`COMPACT_TEXT_MAX`].
+    /// What decides the turn (state, attempts, outcome, outbox) is kept.
+    pub fn compacted(&self) -> TurnRecord {
+        let cut = |text: &str| crate::sizes::cut(text, COMPACT_TEXT_MAX).into_owned();
+        let mut r = self.clone();
+        r.history = vec![crate::wire::HistoryEntry {
+            role: crate::wire::Role::Note,
+            text: "[history left out: the turn record had to be made smaller]".into(),
+        }];
+        r.message.text = cut(&r.message.text);
+        r.message.attachments.truncate(COMPACT_ATTACHMENTS);
+        for a in &mut r.attempts {
+            a.preamble = None;
+            if let Some(error) = a.exit.as_mut().and_then(|e| e.error.as_mut()) {
+                *error = cut(error);
+            }
+        }
+        r
     }
 
     /// The work item for `attempt`: the same message and history every time, the preamble from 2 on.

@@ -110,6 +110,10 @@ pub mod msg_id {
     pub fn status_final(turn: &TurnId) -> String {
         format!("status.{turn}.final")
     }
+    /// The one marker an attempt's output gets when it is cut at its limits.
+    pub fn output_cut(turn: &TurnId, attempt: u32) -> String {
+        format!("cut.{turn}.{attempt}")
+    }
     /// A turn gets at most one notice, whatever attempt sent it.
     pub fn notice(turn: &TurnId) -> String {
         format!("notice.{turn}")

@@ -37,18 +37,21 @@ pub fn prompt_for_attempt(text: &str, attempt: u32, of: u32) -> String {
     }
 }
 
-/// `text` cut to at most `max` bytes (at a character boundary), with a marker saying how long it
-/// was; unchanged if it fits. Oversize replies, errors and history entries are cut, never dropped.
-pub fn truncate(text: &str, max: usize) -> std::borrow::Cow<'_, str> {
-    if text.len() <= max {
-        return std::borrow::Cow::Borrowed(text);
-    }
-    let marker = format!(" … [cut: {} bytes in all]", text.len());
-    let mut end = max.saturating_sub(marker.len());
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    std::borrow::Cow::Owned(format!("{}{marker}", &text[..end]))
+/// Sent once, under an attempt's fence, when its agent said more than an attempt may land
+/// (`attempt_messages_max` messages or `attempt_bytes_max` bytes): what landed stays, the rest
+/// is not delivered, and the turn counts as replied.
+pub fn output_cut_notice(messages_max: u32, bytes_max: u64) -> String {
+    format!(
+        "⚠ The reply was cut here: an agent may send at most {} and {bytes_max} bytes per turn; the rest was not delivered.",
+        count(messages_max.into(), "message", "messages")
+    )
+}
+
+/// Sent when an inbound message is refused before it becomes a turn. `reason` quotes what came
+/// from outside only through [`crate::sizes::quote`], so the notice stays small.
+pub fn refusal_notice(reason: &str) -> String {
+    let notice = format!("Could not take that message: {reason}.");
+    crate::sizes::cut(&notice, crate::sizes::REASON_MAX).into_owned()
 }
 
 /// The history entry that stands for entries left out to keep a chat's history in its budget.
@@ -76,15 +79,14 @@ mod tests {
     }
 
     #[test]
-    fn truncation_keeps_a_prefix_and_says_how_long_the_text_was() {
-        assert_eq!(truncate("short", 10), "short");
-        let long = "é".repeat(1000); // 2000 bytes
-        let cut = truncate(&long, 100);
-        assert!(cut.len() <= 100, "{}", cut.len());
-        assert!(cut.ends_with(" … [cut: 2000 bytes in all]"), "{cut}");
-        assert!(cut.starts_with("éé"));
-        // A bound smaller than the marker still yields the marker alone, never a panic.
-        assert_eq!(truncate(&long, 3), " … [cut: 2000 bytes in all]");
+    fn notices_about_limits_say_the_limits() {
+        assert_eq!(
+            output_cut_notice(1000, 8 << 20),
+            "⚠ The reply was cut here: an agent may send at most 1000 messages and 8388608 bytes per turn; the rest was not delivered."
+        );
+        let long = refusal_notice(&"x".repeat(100_000));
+        assert!(crate::sizes::str_len(&long) <= crate::sizes::REASON_MAX);
+        assert!(long.starts_with("Could not take that message: xxx"));
     }
 
     #[test]

@@ -38,9 +38,13 @@ impl Timestamp {
         Duration::from_millis(self.0.saturating_sub(earlier.0))
     }
 
-    /// RFC 3339 with millisecond precision, e.g. `2026-12-02T14:00:00.123Z`.
+    /// The last instant RFC 3339 can write, 9999-12-31T23:59:59.999Z.
+    pub const LAST: Timestamp = Timestamp(253_402_300_799_999);
+
+    /// RFC 3339 with millisecond precision, e.g. `2026-12-02T14:00:00.123Z`. An instant past
+    /// [`Timestamp::LAST`] (a sum that ran over) is written as `LAST`, never a panic.
     pub fn to_rfc3339(self) -> String {
-        humantime::format_rfc3339_millis(self.to_system_time()).to_string()
+        humantime::format_rfc3339_millis(self.min(Self::LAST).to_system_time()).to_string()
     }
 
     pub fn parse_rfc3339(s: &str) -> Result<Self, humantime::TimestampError> {

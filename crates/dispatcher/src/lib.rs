@@ -164,11 +164,6 @@ impl Dispatcher {
                     .await
             }
         }
-        if inbound.id.is_empty() {
-            return self
-                .refuse(&msg, "inbound message has an empty id".into())
-                .await;
-        }
         let turn = TurnId::for_message(&inbound.chat, &inbound.id);
         let seq = msg.info().map(|i| i.stream_sequence).ok();
         let span = tracing::info_span!("turn", turn_id = %turn, chat_id = %inbound.chat);
@@ -224,7 +219,9 @@ impl Dispatcher {
                             .await;
                         return;
                     }
-                    Err(e) => return self.refuse(&msg, e.to_string()).await,
+                    // No retry can change it: the message is refused (with a notice), or its
+                    // turn, if it exists, ends; never an endless retry.
+                    Err(e) => return self.give_up(&msg, &turn, &inbound, e).await,
                 }
             }
         }
@@ -245,7 +242,7 @@ impl Dispatcher {
             if let Err(e) =
                 turnpike_store::chats::inbound_taken(&self.bus, &chat, info.stream_sequence).await
             {
-                warn!(error = %e, %reason, "to be refused, but not yet counted taken; will be redone");
+                warn!(error = %e, reason = %turnpike_core::sizes::quote(&reason), "to be refused, but not yet counted taken; will be redone");
                 let _ = msg
                     .ack_with(AckKind::Nak(Some(Duration::from_secs(1))))
                     .await;
@@ -262,6 +259,41 @@ impl Dispatcher {
         .await;
     }
 
+    /// A message whose turn could not be created, or went on, for a reason no retry changes:
+    /// its turn, if it exists, is ended (failed, the plain notice, the chat flagged); otherwise
+    /// the message is refused with a notice. Either way it is counted taken, so the chat's later
+    /// messages go, dead-lettered, and never redelivered.
+    async fn give_up(
+        &self,
+        msg: &Message,
+        turn: &TurnId,
+        inbound: &InboundMessage,
+        error: ApplyError,
+    ) {
+        let reason = error.to_string();
+        let ended = match turns::load(&self.bus, turn).await {
+            Ok(Some(_)) => turns::abandon(&self.bus, turn, &reason).await.map(|_| ()),
+            Ok(None) => match self.notify_refused(turn, inbound, &reason).await {
+                Ok(()) => turns::withdraw(&self.bus, &self.new_record(turn, inbound)).await,
+                Err(e) => Err(e),
+            },
+            Err(e) => Err(e),
+        };
+        match ended {
+            Err(e) if e.is_transient() => {
+                warn!(error = %e, "could not end the turn or refuse its message yet; will retry");
+                let _ = msg
+                    .ack_with(AckKind::Nak(Some(Duration::from_secs(1))))
+                    .await;
+                return;
+            }
+            // Not even that can be stored: the dead letter below is what is left.
+            Err(e) => tracing::error!(error = %e, "could not end the turn or send its notice"),
+            Ok(()) => {}
+        }
+        self.refuse(msg, reason).await
+    }
+
     async fn create_turn(
         &self,
         turn: TurnId,
@@ -269,7 +301,26 @@ impl Dispatcher {
         seq: Option<u64>,
         chat_read: Option<turnpike_store::chats::Snapshot>,
     ) -> Result<(), ApplyError> {
-        if let Some(reason) = self.check_attachments(&inbound).await? {
+        let refused = match inbound.check(&self.config.inbound_limits()) {
+            Err(why) => Some(why.to_string()),
+            Ok(()) => self.check_attachments(&inbound).await?,
+        };
+        // A full queue refuses the message before it becomes a turn (the join checks it again).
+        let refused = refused.or_else(|| {
+            let waiting = chat_read
+                .as_ref()
+                .and_then(|s| s.record())
+                .and_then(|c| c.ok())
+                .map_or(0, |c| c.waiting.len());
+            (waiting >= self.config.chat_queue_max).then(|| {
+                turnpike_core::wire::Refusal::QueueFull {
+                    waiting,
+                    max: self.config.chat_queue_max,
+                }
+                .to_string()
+            })
+        });
+        if let Some(reason) = refused {
             self.reply_error(&turn, &inbound, &reason).await?;
             if let Some(seq) = seq {
                 turnpike_store::chats::inbound_taken(&self.bus, &inbound.chat, seq).await?;
@@ -278,19 +329,7 @@ impl Dispatcher {
         }
         // Created waiting; it starts when it is its chat's turn (at once if the chat is idle),
         // with the chat's history as it is then.
-        let (record, _) = lifecycle::create(
-            NewTurn {
-                turn: turn.clone(),
-                message: inbound,
-                history: Vec::new(),
-                max_turn_retry: self.config.max_turn_retry,
-                retry_delay: self.config.retry_delay,
-                rerun_of: None,
-                created_by: None,
-                admit_now: false,
-            },
-            now(),
-        );
+        let record = self.new_record(&turn, &inbound);
         let (current, created) = turns::create_in_chat(&self.bus, record, seq, chat_read).await?;
         if created {
             info!(max_attempts = current.record.max_attempts, "turn created");
@@ -303,48 +342,42 @@ impl Dispatcher {
         Ok(())
     }
 
-    /// The message must fit the size limits, and every attachment must exist in the object
-    /// store and fit them too: `Ok(Some(reason))` refuses it. An object store that does not
-    /// answer is an error (the message is retried), never a refusal.
+    /// The record a message's turn is created with: waiting for its chat.
+    fn new_record(&self, turn: &TurnId, inbound: &InboundMessage) -> turnpike_core::TurnRecord {
+        lifecycle::create(
+            NewTurn {
+                turn: turn.clone(),
+                message: inbound.clone(),
+                history: Vec::new(),
+                max_turn_retry: self.config.max_turn_retry,
+                retry_delay: self.config.retry_delay,
+                rerun_of: None,
+                created_by: None,
+                admit_now: false,
+            },
+            now(),
+        )
+        .0
+    }
+
+    /// Every attachment must exist in the object store and fit the size limits (the message
+    /// itself was checked by `InboundMessage::check`): `Ok(Some(reason))` refuses it. An object
+    /// store that does not answer is an error (the message is retried), never a refusal.
     async fn check_attachments(
         &self,
         inbound: &InboundMessage,
     ) -> Result<Option<String>, BusError> {
+        use turnpike_core::sizes::quote;
         let c = &self.config;
-        if inbound.text.len() as u64 > c.message_max_bytes.0 {
-            return Ok(Some(format!(
-                "the message is {} bytes; the limit is {}",
-                inbound.text.len(),
-                c.message_max_bytes
-            )));
-        }
-        if inbound.attachments.len() > c.attachments_max {
-            return Ok(Some(format!(
-                "the message lists {} attachments; the limit is {}",
-                inbound.attachments.len(),
-                c.attachments_max
-            )));
-        }
-        // A chat names its uploads `<chat>/...`; another chat's object is not its to read.
-        let own = format!("{}/", inbound.chat);
-        if let Some(a) = inbound
-            .attachments
-            .iter()
-            .find(|a| !a.object.starts_with(&own))
-        {
-            return Ok(Some(format!(
-                "attachment {:?} (object {:?}) is not under this chat's name {own:?}",
-                a.name, a.object
-            )));
-        }
         let max = c.attachment_max_bytes;
         let mut total = 0u64;
         for a in &inbound.attachments {
             match self.bus.attachments.info(&a.object).await {
                 Ok(info) if info.size as u64 > max.0 => {
                     return Ok(Some(format!(
-                        "attachment {:?} is {} bytes; the limit is {max}",
-                        a.name, info.size
+                        "attachment {} is {} bytes; the limit is {max}",
+                        quote(&a.name),
+                        info.size
                     )))
                 }
                 Ok(info) => total += info.size as u64,
@@ -352,15 +385,15 @@ impl Dispatcher {
                     if e.kind() == async_nats::jetstream::object_store::InfoErrorKind::NotFound =>
                 {
                     return Ok(Some(format!(
-                        "attachment {:?} (object {:?}) is not in the object store {}",
-                        a.name,
-                        a.object,
+                        "attachment {} (object {}) is not in the object store {}",
+                        quote(&a.name),
+                        quote(&a.object),
                         subjects::OBJECTS_ATTACHMENTS
                     )))
                 }
                 Err(e) => {
                     return Err(BusError::kv(
-                        format!("look up attachment {:?}", a.object),
+                        format!("look up attachment {}", quote(&a.object)),
                         e,
                     ))
                 }
@@ -382,26 +415,10 @@ impl Dispatcher {
         inbound: &InboundMessage,
         reason: &str,
     ) -> Result<(), ApplyError> {
-        warn!(%reason, "message refused");
         self.counters
             .messages_refused
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let item = turnpike_core::wire::OutboundItem {
-            v: turnpike_core::FORMAT_VERSION,
-            kind: turnpike_core::wire::OutboundKind::Notice,
-            chat: inbound.chat.clone(),
-            turn: turn.clone(),
-            attempt: 0,
-            text: format!("Could not take that message: {reason}."),
-            status_id: None,
-            r#final: false,
-        };
-        turnpike_jetstream::Publish::new(self.bus.codec, subjects::chat_out(&inbound.chat), &item)?
-            .msg_id(&subjects::msg_id::notice(turn))
-            .header(subjects::HDR_TURN, turn.as_str())
-            .header(subjects::HDR_KIND, "notice")
-            .send(&self.bus.js)
-            .await?;
+        self.notify_refused(turn, inbound, reason).await?;
         let payload = self.bus.codec.encode(inbound).map_err(BusError::from)?;
         dead_letter(
             &self.bus.js,
@@ -412,6 +429,34 @@ impl Dispatcher {
             bytes::Bytes::from(payload),
         )
         .await;
+        Ok(())
+    }
+
+    /// The refusal notice, on the chat's outbound subject (once per turn id: its dedup id is
+    /// the turn's notice's).
+    async fn notify_refused(
+        &self,
+        turn: &TurnId,
+        inbound: &InboundMessage,
+        reason: &str,
+    ) -> Result<(), ApplyError> {
+        warn!(reason = %turnpike_core::sizes::quote(reason), "message refused");
+        let item = turnpike_core::wire::OutboundItem {
+            v: turnpike_core::FORMAT_VERSION,
+            kind: turnpike_core::wire::OutboundKind::Notice,
+            chat: inbound.chat.clone(),
+            turn: turn.clone(),
+            attempt: 0,
+            text: turnpike_core::texts::refusal_notice(reason),
+            status_id: None,
+            r#final: false,
+        };
+        turnpike_jetstream::Publish::new(self.bus.codec, subjects::chat_out(&inbound.chat), &item)?
+            .msg_id(&subjects::msg_id::notice(turn))
+            .header(subjects::HDR_TURN, turn.as_str())
+            .header(subjects::HDR_KIND, "notice")
+            .send(&self.bus.js)
+            .await?;
         Ok(())
     }
 }

@@ -66,10 +66,26 @@ pub async fn connect(config: &Config, client_name: &str) -> Result<async_nats::C
         }
         (None, None) => {}
     }
-    opts.connect(servers).await.map_err(|e| BusError::Connect {
+    let client = opts.connect(servers).await.map_err(|e| BusError::Connect {
         servers: describe_servers(config),
         source: Box::new(e),
-    })
+    })?;
+    check_max_payload(client.server_info().max_payload, config)?;
+    Ok(client)
+}
+
+/// Every budget is computed for `max_payload`: servers that accept less would refuse what
+/// Turnpike builds, forever. Refuse to start instead, saying what to change.
+fn check_max_payload(server: usize, config: &Config) -> Result<(), BusError> {
+    let want = config.max_payload.0;
+    if (server as u64) < want {
+        return Err(BusError::Setting(format!(
+            "the NATS server accepts messages of up to {server} bytes (its max_payload), but \
+             max_payload is {want}: set TURNPIKE_MAX_PAYLOAD to {server} or less (and the limits \
+             that must fit it), or raise the servers' max_payload"
+        )));
+    }
+    Ok(())
 }
 
 /// A secret kept in a file (a mounted Docker secret): its content without trailing white space.

@@ -48,6 +48,79 @@ pub enum BusError {
     },
     #[error("could not encode payload: {0}")]
     Encode(#[from] turnpike_core::codec::CodecError),
+    /// A failure of our own finding that no retry can change (e.g. more messages to read than
+    /// any reader may).
+    #[error("{what} failed for good: {why}")]
+    Unrecoverable { what: String, why: String },
+}
+
+/// Would the same request succeed if it were made again later?
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Persistence {
+    /// Perhaps: NATS unreachable, a time-out, a leader being elected, a lost race, a store that
+    /// is full until retention frees it. Try again (a consumer naks the message, it comes back).
+    Transient,
+    /// Never: a payload over `max_payload` (the client's check, or the stream's limit), a request
+    /// NATS refuses as invalid, a value that cannot be encoded, a fence that moved, a bad setting.
+    /// Trying again would loop forever: the turn ends, or the message is refused.
+    Permanent,
+}
+
+/// JetStream API errors that the same request will always get again: the message or its
+/// headers over a limit, a request NATS finds malformed or not allowed on the stream.
+const PERMANENT_API_ERRORS: [u64; 19] = [
+    10003, // bad request
+    10025, // invalid JSON
+    10054, // message size exceeds maximum allowed
+    10056, // stream name in subject does not match request
+    10060, // expected stream does not match
+    10070, // wrong last msg id
+    10097, // header size exceeds maximum allowed of 64k
+    10109, // invalid operation on sealed stream
+    10165, // invalid per-message TTL
+    10166, // per-message TTL is disabled
+    10188, // message schedules is disabled
+    10189, // message schedules pattern is invalid
+    10190, // message schedules target is invalid
+    10191, // message schedules invalid per-message TTL
+    10192, // message schedules invalid rollup
+    10193, // missing sequence for expected last sequence per subject
+    10203, // message schedules source is invalid
+    10212, // message schedules invalid scheduler
+    10223, // message schedules time zone is invalid
+];
+
+/// Classify an error by its source chain: the first cause that says it for good decides;
+/// everything else (a time-out, no responders, a closed connection, a server busy electing a
+/// leader, storage full) may pass.
+pub fn persistence(e: &(dyn std::error::Error + 'static)) -> Persistence {
+    use async_nats::jetstream::context::PublishErrorKind as JsPublish;
+    let mut next = Some(e);
+    while let Some(err) = next {
+        let permanent = if let Some(js) = err.downcast_ref::<async_nats::jetstream::Error>() {
+            PERMANENT_API_ERRORS.contains(&js.error_code().0)
+        } else if let Some(p) = err.downcast_ref::<async_nats::jetstream::context::PublishError>() {
+            p.kind() == JsPublish::MaxPayloadExceeded
+        } else if let Some(p) = err.downcast_ref::<async_nats::client::PublishError>() {
+            p.kind() == async_nats::client::PublishErrorKind::MaxPayloadExceeded
+        } else if let Some(r) = err.downcast_ref::<async_nats::RequestError>() {
+            r.kind() == async_nats::RequestErrorKind::MaxPayloadExceeded
+        } else if let Some(c) = err.downcast_ref::<turnpike_core::codec::CodecError>() {
+            // Our own payload that will not encode; a decode error is the caller's to judge.
+            matches!(
+                c,
+                turnpike_core::codec::CodecError::MsgpackEncode(_)
+                    | turnpike_core::codec::CodecError::Json(_)
+            )
+        } else {
+            false
+        };
+        if permanent {
+            return Persistence::Permanent;
+        }
+        next = err.source();
+    }
+    Persistence::Transient
 }
 
 impl BusError {
@@ -79,21 +152,28 @@ impl BusError {
         }
     }
 
-    /// May the same request succeed if tried again later? NATS unreachable, a time-out, a lost
-    /// race: yes (a consumer naks the message and it comes back). A bad setting or definition,
-    /// a payload that cannot be encoded, a fence that moved: no, trying again changes nothing.
-    pub fn is_transient(&self) -> bool {
+    /// May the same request succeed if tried again later ([`persistence`] of its cause)? NATS
+    /// unreachable, a time-out, a lost race: yes (a consumer naks the message and it comes
+    /// back). A payload too large, a request NATS refuses as invalid, a bad setting or
+    /// definition, a payload that cannot be encoded, a fence that moved: no.
+    pub fn persistence(&self) -> Persistence {
         match self {
-            BusError::Connect { .. }
-            | BusError::Bucket { .. }
-            | BusError::Publish { .. }
-            | BusError::Kv { .. } => true,
+            BusError::Connect { .. } | BusError::Bucket { .. } => Persistence::Transient,
+            BusError::Publish { source, .. } | BusError::Kv { source, .. } => {
+                persistence(source.as_ref())
+            }
             BusError::Setting(_)
             | BusError::Definition { .. }
             | BusError::Topology { .. }
             | BusError::Fenced { .. }
-            | BusError::Encode(_) => false,
+            | BusError::Encode(_)
+            | BusError::Unrecoverable { .. } => Persistence::Permanent,
         }
+    }
+
+    /// [`BusError::persistence`] is transient.
+    pub fn is_transient(&self) -> bool {
+        self.persistence() == Persistence::Transient
     }
 }
 
@@ -215,6 +295,153 @@ mod tests {
             api_error(10047, "insufficient resources"),
         );
         assert!(!dedup_in_process(&BusError::publish("s", other)));
+    }
+
+    /// Issue 32: the classification, case by case, as async-nats builds each error. A payload
+    /// over the limit (the client's check, or the stream's `max_msg_size` answer 10054) and a
+    /// request NATS refuses as invalid are permanent; what a wait may cure is transient.
+    #[test]
+    fn errors_are_classified_by_what_a_retry_could_change() {
+        use super::{persistence, BusError, Persistence::*};
+        use async_nats::jetstream::kv::{CreateError, CreateErrorKind};
+        let acked = |code: u64, text: &str| {
+            PublishError::with_source(PublishErrorKind::Other, api_error(code, text))
+        };
+        let too_large_here = || {
+            PublishError::with_source(
+                PublishErrorKind::MaxPayloadExceeded,
+                "Payload size limit of 1048576 exceeded by message size of 1080572",
+            )
+        };
+        let table: Vec<(&str, BusError, super::Persistence)> = vec![
+            (
+                "a KV update over max_payload (client check)",
+                BusError::kv("update turn t", UpdateError::from(too_large_here())),
+                Permanent,
+            ),
+            (
+                "a KV create over max_payload",
+                BusError::kv(
+                    "create turn t",
+                    CreateError::with_source(
+                        CreateErrorKind::Other,
+                        UpdateError::from(too_large_here()),
+                    ),
+                ),
+                Permanent,
+            ),
+            (
+                "a publish over the stream's max_msg_size (10054)",
+                BusError::publish(
+                    "turnpike.work.run.t",
+                    acked(10054, "message size exceeds maximum allowed"),
+                ),
+                Permanent,
+            ),
+            (
+                "headers over 64k (10097)",
+                BusError::publish(
+                    "s",
+                    acked(10097, "header size exceeds maximum allowed of 64k"),
+                ),
+                Permanent,
+            ),
+            (
+                "an invalid schedule (10190)",
+                BusError::publish("s", acked(10190, "message schedules target is invalid")),
+                Permanent,
+            ),
+            (
+                "a core publish over max_payload",
+                BusError::publish(
+                    "turnpike.control.kill.t",
+                    async_nats::client::PublishError::new(
+                        async_nats::client::PublishErrorKind::MaxPayloadExceeded,
+                    ),
+                ),
+                Permanent,
+            ),
+            (
+                "a payload that will not encode",
+                BusError::Encode(turnpike_core::codec::CodecError::Json(
+                    serde_json::from_str::<u8>("x").expect_err("not a number"),
+                )),
+                Permanent,
+            ),
+            (
+                "a moved fence",
+                BusError::Fenced {
+                    subject: "s".into(),
+                },
+                Permanent,
+            ),
+            ("a bad setting", BusError::Setting("x".into()), Permanent),
+            (
+                "more to read than any reader may",
+                BusError::Unrecoverable {
+                    what: "count".into(),
+                    why: "too many".into(),
+                },
+                Permanent,
+            ),
+            (
+                "a time-out",
+                BusError::kv("update turn t", UpdateError::new(UpdateErrorKind::TimedOut)),
+                Transient,
+            ),
+            (
+                "storage full (10047)",
+                BusError::publish(
+                    "s",
+                    acked(10047, "insufficient storage resources available"),
+                ),
+                Transient,
+            ),
+            (
+                "no leader yet (10008)",
+                BusError::publish(
+                    "s",
+                    acked(10008, "JetStream system temporarily unavailable"),
+                ),
+                Transient,
+            ),
+            (
+                "a lost compare-and-set (10071)",
+                BusError::kv(
+                    "update",
+                    UpdateError::from(acked(10071, "wrong last sequence: 7")),
+                ),
+                Transient,
+            ),
+            (
+                "a duplicate still in process (10158)",
+                BusError::publish("s", acked(10158, "duplicate message id is in process")),
+                Transient,
+            ),
+            (
+                "a dropped connection",
+                BusError::kv("read", std::io::Error::other("connection reset")),
+                Transient,
+            ),
+            (
+                "NATS unreachable",
+                BusError::Connect {
+                    servers: "nats://x".into(),
+                    source: "refused".into(),
+                },
+                Transient,
+            ),
+        ];
+        for (case, err, expected) in table {
+            assert_eq!(err.persistence(), expected, "{case}: {err}");
+            assert_eq!(err.is_transient(), expected == Transient, "{case}");
+        }
+        // The same judgement on a bare cause, for callers holding async-nats' own error.
+        assert_eq!(persistence(&UpdateError::from(too_large_here())), Permanent);
+        assert_eq!(
+            persistence(&UpdateError::new(UpdateErrorKind::TimedOut)),
+            Transient
+        );
     }
 
     #[test]

@@ -10,7 +10,7 @@ mod publish;
 pub mod topology;
 
 pub use connect::{connect, describe_servers};
-pub use error::{dedup_in_process, lost_cas, BusError};
+pub use error::{dedup_in_process, lost_cas, persistence, BusError, Persistence};
 pub use publish::{
     dead_letter, decode, decode_kv, encode_headers, header_str, now, publish, publish_inbound,
     refuse, Publish,
@@ -48,6 +48,8 @@ pub struct Bus {
     pub attachments: object_store::ObjectStore,
     /// History kept per chat (`history_limit`, `history_max_bytes`).
     pub history: turnpike_core::history::Budget,
+    /// Turns a chat may have waiting (`chat_queue_max`).
+    pub chat_queue: usize,
 }
 
 impl Bus {
@@ -114,6 +116,7 @@ impl Bus {
                 entries: config.history_limit,
                 bytes: config.history_max_bytes.0 as usize,
             },
+            chat_queue: config.chat_queue_max,
             client,
             js,
         })

@@ -207,7 +207,8 @@ pub async fn refuse(
 }
 
 /// Record input a role refused: the original payload and headers, plus why and from where.
-/// Never fails the caller: if even this publish fails, it is logged.
+/// Never fails the caller: if even this publish fails, it is logged. Bounded: the reason is cut,
+/// and a payload that would not fit `max_payload` beside the headers is kept cut, saying so.
 pub async fn dead_letter(
     js: &Context,
     source: &str,
@@ -216,8 +217,59 @@ pub async fn dead_letter(
     headers: Option<&HeaderMap>,
     payload: Bytes,
 ) {
-    // Keep the original headers but JetStream's own (`Nats-*`): a dead letter must not be
-    // deduplicated against, fenced or scheduled like the original.
+    let (h, payload) = dead_letter_message(
+        reason,
+        original_subject,
+        headers,
+        payload,
+        js.client().max_payload(),
+    );
+    let shown = turnpike_core::sizes::quote(reason);
+    let subject = subjects::dead_letter(source);
+    let result = match js.publish_with_headers(subject.clone(), h, payload).await {
+        Ok(ack) => ack.await.map(|_| ()).map_err(|e| e.to_string()),
+        Err(e) => Err(e.to_string()),
+    };
+    match result {
+        Ok(()) => {
+            tracing::warn!(%subject, from = original_subject, reason = %shown, "dead-lettered")
+        }
+        Err(e) => {
+            tracing::error!(%subject, from = original_subject, reason = %shown, error = %e, "dead letter could not be stored")
+        }
+    }
+}
+
+/// Header bytes of dead letters that carry the original headers at most; more are left out.
+const DEAD_ORIGINAL_HEADERS_MAX: usize = 16 * 1024;
+/// The header that says a dead letter's payload was cut, and how long it was.
+pub const HDR_DEAD_CUT: &str = "Turnpike-Dead-Cut";
+
+/// What NATS counts for `h` (`NATS/1.0`, each `name: value`, the blank line).
+fn header_wire_len(h: &HeaderMap) -> usize {
+    12 + h
+        .iter()
+        .map(|(name, values)| {
+            let name = name.to_string().len();
+            values
+                .iter()
+                .map(|v| name + v.as_str().len() + 4)
+                .sum::<usize>()
+        })
+        .sum::<usize>()
+}
+
+/// A dead letter's headers and payload, within `max_payload`: the original headers but
+/// JetStream's own (a dead letter must not be deduplicated against, fenced or scheduled like the
+/// original) and at most [`DEAD_ORIGINAL_HEADERS_MAX`] of them, the reason on one line cut short,
+/// where from, and the payload, cut if it does not fit beside them.
+pub fn dead_letter_message(
+    reason: &str,
+    original_subject: &str,
+    headers: Option<&HeaderMap>,
+    payload: Bytes,
+    max_payload: usize,
+) -> (HeaderMap, Bytes) {
     let mut h = HeaderMap::new();
     for (name, values) in headers.map(|h| h.iter()).into_iter().flatten() {
         if name.to_string().to_ascii_lowercase().starts_with("nats-") {
@@ -227,22 +279,69 @@ pub async fn dead_letter(
             h.append(name.clone(), v.clone());
         }
     }
-    let reason_line: String = reason
+    if header_wire_len(&h) > DEAD_ORIGINAL_HEADERS_MAX {
+        h = HeaderMap::new();
+    }
+    let one_line: String = reason
         .chars()
-        .filter(|c| *c != '\r' && *c != '\n')
-        .take(1000)
+        .map(|c| if c.is_control() { ' ' } else { c })
         .collect();
-    h.insert(subjects::HDR_DEAD_REASON, reason_line.as_str());
+    let reason_line = turnpike_core::sizes::cut(&one_line, turnpike_core::sizes::REASON_MAX);
+    h.insert(subjects::HDR_DEAD_REASON, reason_line.as_ref());
     h.insert(subjects::HDR_DEAD_SOURCE, original_subject);
-    let subject = subjects::dead_letter(source);
-    let result = match js.publish_with_headers(subject.clone(), h, payload).await {
-        Ok(ack) => ack.await.map(|_| ()).map_err(|e| e.to_string()),
-        Err(e) => Err(e.to_string()),
-    };
-    match result {
-        Ok(()) => tracing::warn!(%subject, from = original_subject, %reason, "dead-lettered"),
-        Err(e) => {
-            tracing::error!(%subject, from = original_subject, %reason, error = %e, "dead letter could not be stored")
-        }
+    // Room for the cut header itself, and a margin.
+    let room = max_payload.saturating_sub(header_wire_len(&h) + 64);
+    if payload.len() <= room {
+        return (h, payload);
+    }
+    h.insert(HDR_DEAD_CUT, payload.len().to_string().as_str());
+    (h, payload.slice(..room))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Issue 32: a refused message that was near `max_payload` itself, with large headers and a
+    /// reason quoting a huge name, still makes a dead letter NATS accepts, saying it was cut.
+    #[test]
+    fn a_dead_letter_always_fits_max_payload() {
+        let max = 1 << 20;
+        let mut original = HeaderMap::new();
+        original.insert("Nats-Msg-Id", "m1");
+        original.insert("X-Adapter", "a".repeat(40_000).as_str());
+        let payload = Bytes::from(vec![b'x'; max - 100]);
+        let reason = format!(
+            "attachment name {} is too long\r\nsecond line",
+            "\"".repeat(300_000)
+        );
+        let (h, p) =
+            dead_letter_message(&reason, "turnpike.chat.in.c", Some(&original), payload, max);
+        assert!(
+            header_wire_len(&h) + p.len() <= max,
+            "{}",
+            header_wire_len(&h) + p.len()
+        );
+        assert_eq!(
+            h.get(HDR_DEAD_CUT).map(|v| v.as_str()),
+            Some((max - 100).to_string().as_str())
+        );
+        assert!(h.get("Nats-Msg-Id").is_none() && h.get("X-Adapter").is_none());
+        let kept = h
+            .get(subjects::HDR_DEAD_REASON)
+            .map(|v| v.to_string())
+            .unwrap_or_default();
+        assert!(
+            kept.len() <= turnpike_core::sizes::REASON_MAX && !kept.contains('\n'),
+            "{}",
+            kept.len()
+        );
+        // A small one is kept whole, its own headers with it.
+        let mut small = HeaderMap::new();
+        small.insert("X-Adapter", "slack");
+        let (h, p) = dead_letter_message("bad", "s", Some(&small), Bytes::from_static(b"{}"), max);
+        assert_eq!(&p[..], b"{}");
+        assert_eq!(h.get("X-Adapter").map(|v| v.as_str()), Some("slack"));
+        assert!(h.get(HDR_DEAD_CUT).is_none());
     }
 }

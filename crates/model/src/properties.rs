@@ -120,7 +120,9 @@ fn outcome_matches_output(m: &Protocol, w: &World) -> bool {
             OutcomeReason::SilentTurn
             | OutcomeReason::BudgetSpent
             | OutcomeReason::CouldNotStart => !landed,
-            OutcomeReason::AgentFailed | OutcomeReason::OperatorKilled => true,
+            OutcomeReason::AgentFailed
+            | OutcomeReason::OperatorKilled
+            | OutcomeReason::PermanentError => true,
         }
     })
 }

@@ -234,17 +234,19 @@ async fn run_fenced(
         .or(raw.engine_error.clone())
         .or(stopped)
         .or(landing.verdict_error.clone());
-    info!(?class, exit_code = ?raw.exit_code, signal = ?raw.signal, landed = landing.landed, "attempt ended");
+    info!(?class, exit_code = ?raw.exit_code, signal = ?raw.signal, landed = landing.landed.count, cut = landing.cut, "attempt ended");
     let mut report = ExitReport {
         class,
         exit_code: raw.exit_code,
         signal: raw.signal,
         error,
-        messages_landed: landing.landed,
-        replies: landing.replies,
+        messages_landed: landing.landed.count,
+        reply_span: landing.landed.span,
+        output_cut: landing.cut,
         ended_at: now(),
         started: Some(attempt_start(inner, published_at, started_at)),
-    };
+    }
+    .bounded();
     if landing.uncertain {
         crate::claim::settle_uncertain(inner, work, &mut report).await?;
     }

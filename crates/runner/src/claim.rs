@@ -74,9 +74,9 @@ pub(crate) async fn settle_uncertain(
     report: &mut ExitReport,
 ) -> Option<()> {
     match fence_out_and_count(inner, &work.chat, &work.turn, work.attempt).await {
-        Settled::Landed(replies) => {
-            report.messages_landed = replies.len() as u32;
-            report.replies = replies;
+        Settled::Landed(landed) => {
+            report.messages_landed = landed.count;
+            report.reply_span = landed.span;
             Some(())
         }
         // A later attempt holds the fence: this report changes nothing.
@@ -87,8 +87,8 @@ pub(crate) async fn settle_uncertain(
 
 /// What fencing one of this runner's attempts out found.
 pub(crate) enum Settled {
-    /// Fenced out; these replies of it landed (stream sequences), and no more can.
-    Landed(Vec<u64>),
+    /// Fenced out; this is what of it landed, and no more can.
+    Landed(turnpike_core::wire::Landed),
     /// A later attempt holds the fence already.
     Superseded,
     /// The fence or the count failed; the coordinator's lease sweep will settle the attempt.
@@ -107,7 +107,7 @@ pub(crate) async fn fence_out_and_count(
     match fence::lose(&inner.bus, turn, attempt).await {
         Ok(Losing::Fenced { runner_seq }) => {
             match fence::landed(&inner.bus, chat, turn, attempt, runner_seq).await {
-                Ok(replies) => Settled::Landed(replies),
+                Ok(landed) => Settled::Landed(landed),
                 Err(e) => {
                     warn!(turn_id = %turn, attempt, error = %e, "could not count what the attempt landed; the lease sweep will settle it");
                     Settled::Unknown

@@ -19,15 +19,25 @@ pub(crate) struct WorkItemRef<'a> {
 
 /// Publish a runner event, retried (same dedup id) so a blip does not lose it.
 pub(crate) async fn emit(inner: &Inner, work: &WorkItem, what: &str, kind: RunnerEventKind) {
-    let about = WorkItemRef {
+    let _ = emit_for(inner, work_ref(work), what, kind).await;
+}
+
+fn work_ref(work: &WorkItem) -> WorkItemRef<'_> {
+    WorkItemRef {
         turn: &work.turn,
         chat: &work.chat,
         attempt: work.attempt,
-    };
-    emit_for(inner, about, what, kind).await
+    }
 }
 
-async fn emit_for(inner: &Inner, work: WorkItemRef<'_>, what: &str, kind: RunnerEventKind) {
+/// Publish, retrying what may pass; `Err` with the last failure if it was not published (a
+/// failure no retry changes is not retried).
+async fn emit_for(
+    inner: &Inner,
+    work: WorkItemRef<'_>,
+    what: &str,
+    kind: RunnerEventKind,
+) -> Result<(), turnpike_jetstream::BusError> {
     let event = RunnerEvent {
         v: FORMAT_VERSION,
         turn: work.turn.clone(),
@@ -49,7 +59,11 @@ async fn emit_for(inner: &Inner, work: WorkItemRef<'_>, what: &str, kind: Runner
             Ok(p) => p.send(&inner.bus.js).await.map(|_| ()),
             Err(e) => Err(e),
         };
-        let Err(e) = result else { return };
+        let Err(e) = result else { return Ok(()) };
+        if !e.is_transient() {
+            warn!(error = %e, event = what, "runner event refused for good");
+            return Err(e);
+        }
         match retries.after_failure() {
             Some(wait) => {
                 warn!(error = %e, event = what, "runner event not acknowledged; retrying");
@@ -60,7 +74,7 @@ async fn emit_for(inner: &Inner, work: WorkItemRef<'_>, what: &str, kind: Runner
                     event = what,
                     "runner event lost after every try; the lease sweep will settle the attempt"
                 );
-                return;
+                return Err(e);
             }
         }
     }
@@ -75,7 +89,7 @@ pub(crate) async fn report_orphan(
     chat: turnpike_core::ChatId,
     attempt: u32,
 ) {
-    let Settled::Landed(replies) = fence_out_and_count(inner, &chat, &turn, attempt).await else {
+    let Settled::Landed(landed) = fence_out_and_count(inner, &chat, &turn, attempt).await else {
         return;
     };
     let work_like = WorkItemRef {
@@ -84,16 +98,32 @@ pub(crate) async fn report_orphan(
         attempt,
     };
     let report =
-        ExitReport::runner_lost("the runner restarted while the attempt ran", replies, now());
-    emit_for(
-        inner,
-        work_like,
-        "exited",
-        RunnerEventKind::Exited { report },
-    )
-    .await;
+        ExitReport::runner_lost("the runner restarted while the attempt ran", landed, now());
+    self::report(inner, work_like, report).await
 }
 
 pub(crate) async fn report_exit(inner: &Inner, work: &WorkItem, report: ExitReport) {
-    emit(inner, work, "exited", RunnerEventKind::Exited { report }).await;
+    self::report(inner, work_ref(work), report).await
+}
+
+/// Publish an exit report. A report refused for good (it fits by construction; a server with a
+/// lower limit than configured may still refuse it) is sent again without its error text,
+/// which is all that can make it large: the coordinator needs the rest to decide.
+async fn report(inner: &Inner, work: WorkItemRef<'_>, report: ExitReport) {
+    let stripped = ExitReport {
+        error: None,
+        ..report.clone()
+    };
+    let sent = emit_for(inner, work, "exited", RunnerEventKind::Exited { report }).await;
+    if let Err(e) = sent {
+        if !e.is_transient() {
+            let _ = emit_for(
+                inner,
+                work,
+                "exited",
+                RunnerEventKind::Exited { report: stripped },
+            )
+            .await;
+        }
+    }
 }

@@ -11,20 +11,17 @@ use tokio::sync::watch;
 use tracing::{debug, warn};
 use turnpike_core::subjects::{self, msg_id};
 use turnpike_core::wire::{
-    AgentLine, AgentStatus, OutboundItem, OutboundKind, RunnerEventKind, WorkItem,
+    AgentLine, AgentStatus, Landed, OutboundItem, OutboundKind, RunnerEventKind, WorkItem,
 };
 use turnpike_core::FORMAT_VERSION;
 use turnpike_jetstream::{BusError, Publish};
 
-/// Longest agent error kept in an exit report (and so in the turn record).
-const MAX_ERROR: usize = 4096;
-
 /// What an attempt's output came to, once its stdout closed.
 pub(crate) struct Landing {
-    /// Bot messages acknowledged on the outbound stream.
-    pub landed: u32,
-    /// Their stream sequences, in order.
-    pub replies: Vec<u64>,
+    /// Bot messages acknowledged on the outbound stream, and where they are.
+    pub landed: Landed,
+    /// The agent said more than an attempt may land; the rest was not delivered.
+    pub cut: bool,
     /// The agent's own verdict (`{"type":"result"}`), and its error text, bounded.
     pub verdict: Option<AgentStatus>,
     pub verdict_error: Option<String>,
@@ -42,9 +39,11 @@ pub(crate) struct Lander<'a> {
     fence_subject: String,
     fence_seq: u64,
     splitter: LineSplitter,
-    landed: u32,
-    /// Outbound stream sequences of the landed messages, in order.
-    replies: Vec<u64>,
+    landed: Landed,
+    /// Encoded bytes of the landed messages' texts.
+    bytes_landed: u64,
+    /// The output passed an attempt's limits: nothing more of it lands.
+    cut: bool,
     status_seq: u32,
     verdict: Option<AgentStatus>,
     verdict_error: Option<String>,
@@ -64,8 +63,9 @@ impl<'a> Lander<'a> {
             fence_subject: subjects::fence(&work.turn),
             fence_seq,
             splitter: LineSplitter::new(MAX_LINE),
-            landed: 0,
-            replies: Vec::new(),
+            landed: Landed::default(),
+            bytes_landed: 0,
+            cut: false,
             status_seq: 0,
             verdict: None,
             verdict_error: None,
@@ -90,7 +90,7 @@ impl<'a> Lander<'a> {
         }
         Landing {
             landed: self.landed,
-            replies: self.replies,
+            cut: self.cut,
             verdict: self.verdict,
             verdict_error: self.verdict_error,
             any_output: self.any_output,
@@ -140,18 +140,35 @@ impl<'a> Lander<'a> {
             AgentLine::Result { status, error } => {
                 self.verdict = Some(status);
                 // Kept in the turn record: bounded.
-                self.verdict_error =
-                    error.map(|e| turnpike_core::texts::truncate(&e, MAX_ERROR).into_owned());
+                self.verdict_error = error.map(|e| {
+                    turnpike_core::sizes::cut(&e, turnpike_core::sizes::ERROR_MAX).into_owned()
+                });
             }
         }
     }
 
     async fn message(&mut self, text: String, stop: &watch::Sender<Option<StopReason>>) {
-        if self.fenced {
+        if self.fenced || self.cut {
             return;
         }
         let text = self.bounded(text);
-        let seq = self.landed + 1;
+        let size = turnpike_core::sizes::str_len(&text) as u64;
+        let config = &self.inner.config;
+        if self.landed.count >= config.attempt_messages_max
+            || self.bytes_landed + size > config.attempt_bytes_max.0
+        {
+            // What landed stays (the turn counts as replied); the rest is not delivered, and
+            // the chat is told so once.
+            self.cut = true;
+            warn!(
+                landed = self.landed.count,
+                bytes = self.bytes_landed,
+                "the agent said more than an attempt may land; the rest is not delivered"
+            );
+            self.cut_marker(stop).await;
+            return;
+        }
+        let seq = self.landed.count + 1;
         let item = self.item(OutboundKind::Message, text);
         let id = msg_id::bot_message(&self.work.turn, self.work.attempt, seq);
         let mut retries = crate::retries::Retries::bot_message();
@@ -159,22 +176,18 @@ impl<'a> Lander<'a> {
             let result = self.publish(&item, &id).await;
             match result {
                 Ok(ack) => {
-                    // No event per message: the exit report carries the count and where each
-                    // is stored (read back by sequence for history), and an attempt that dies
-                    // first is counted from the stream behind its fence by whoever fences it out.
-                    self.landed = seq;
-                    self.replies.push(ack.sequence);
+                    // No event per message: the exit report carries the count and where they
+                    // are stored (read back for history), and an attempt that dies first is
+                    // counted from the stream behind its fence by whoever fences it out.
+                    self.landed.push(ack.sequence);
+                    self.bytes_landed += size;
                     return;
                 }
-                Err(BusError::Fenced { .. }) => {
-                    self.fenced = true;
-                    let why =
-                        crate::stop::fence_moved(self.inner, &self.work.turn, self.fence_seq).await;
-                    warn!(
-                        ?why,
-                        "the fence moved: the bot message was refused; stopping the run"
-                    );
-                    crate::stop::request(stop, why);
+                Err(BusError::Fenced { .. }) => return self.fenced_out(stop).await,
+                Err(e) if !e.is_transient() => {
+                    // Refused for good (NATS will never store it): not landed, and not
+                    // uncertain either.
+                    warn!(error = %e, "bot message refused for good; not landed");
                     return;
                 }
                 Err(e) => match retries.after_failure() {
@@ -191,6 +204,34 @@ impl<'a> Lander<'a> {
                     }
                 },
             }
+        }
+    }
+
+    /// The fence moved: nothing more of this attempt can land; stop the run.
+    async fn fenced_out(&mut self, stop: &watch::Sender<Option<StopReason>>) {
+        self.fenced = true;
+        let why = crate::stop::fence_moved(self.inner, &self.work.turn, self.fence_seq).await;
+        warn!(
+            ?why,
+            "the fence moved: the bot message was refused; stopping the run"
+        );
+        crate::stop::request(stop, why);
+    }
+
+    /// The one notice that this attempt's output was cut at its limits, under its fence.
+    async fn cut_marker(&mut self, stop: &watch::Sender<Option<StopReason>>) {
+        let config = &self.inner.config;
+        let text = turnpike_core::texts::output_cut_notice(
+            config.attempt_messages_max,
+            config.attempt_bytes_max.0,
+        );
+        let item = self.item(OutboundKind::Notice, text);
+        let id = msg_id::output_cut(&self.work.turn, self.work.attempt);
+        match self.publish(&item, &id).await {
+            Ok(_) => {}
+            Err(BusError::Fenced { .. }) => self.fenced_out(stop).await,
+            // The marker is courtesy: what landed is what counts.
+            Err(e) => warn!(error = %e, "the cut marker was not published"),
         }
     }
 
@@ -222,10 +263,11 @@ impl<'a> Lander<'a> {
             .await
     }
 
-    /// Text cut to `message_max_bytes`, with a marker: a long reply is shown cut, never dropped.
+    /// Text cut to `message_max_bytes` encoded, with a marker: a long reply is shown cut, never
+    /// dropped.
     fn bounded(&self, text: String) -> String {
-        let max = self.inner.config.message_max_bytes.0 as usize;
-        match turnpike_core::texts::truncate(&text, max) {
+        let max = usize::try_from(self.inner.config.message_max_bytes.0).unwrap_or(usize::MAX);
+        match turnpike_core::sizes::cut(&text, max) {
             std::borrow::Cow::Borrowed(_) => text,
             std::borrow::Cow::Owned(cut) => {
                 warn!(
@@ -238,6 +280,10 @@ impl<'a> Lander<'a> {
     }
 
     async fn status(&mut self, text: String) {
+        // Bounded like the messages: past the limit, progress is no longer published.
+        if self.status_seq >= self.inner.config.attempt_messages_max {
+            return;
+        }
         let text = self.bounded(text);
         self.status_seq += 1;
         let item = self.item(OutboundKind::Status, text.clone());

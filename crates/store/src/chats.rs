@@ -2,11 +2,12 @@
 //! order), the conversation history new turns are given, and the errored flag. Every change is a
 //! compare-and-set, so dispatchers and coordinators may race safely.
 
+use crate::fence::Replies;
 use async_nats::jetstream::kv::{CreateErrorKind, UpdateErrorKind};
 use bytes::Bytes;
 use turnpike_core::chat;
 use turnpike_core::subjects;
-use turnpike_core::wire::{ChatRecord, HistoryEntry, OutboundItem, OutboundKind};
+use turnpike_core::wire::{ChatRecord, HistoryEntry};
 use turnpike_core::{ChatId, TurnId, TurnRecord};
 use turnpike_jetstream::{decode_kv, now, Bus, BusError};
 
@@ -121,42 +122,80 @@ async fn write_at(
     revision: Option<u64>,
 ) -> Result<bool, BusError> {
     let key = chat.as_str();
-    let value = Bytes::from(bus.codec.encode(record)?);
-    let written = match revision {
+    let written = write_value(bus, chat, record, revision).await;
+    let written = match written {
+        // By construction a chat record fits; if the servers still refuse it for good (a
+        // bucket whose limit an operator lowered), it is kept without its history rather than
+        // leave the chat's order unwritable forever.
+        Err((false, e, true)) => {
+            tracing::error!(chat_id = %chat, error = %e, "the chat record was refused for good; storing it without its history");
+            let mut small = record.clone();
+            small.history_dropped += small.history.len() as u64;
+            small.history.clear();
+            write_value(bus, chat, &small, revision).await
+        }
+        other => other,
+    };
+    match written {
+        Ok(_) => Ok(true),
+        Err((true, _, _)) => Ok(false),
+        Err((false, why, true)) => Err(BusError::Unrecoverable {
+            what: format!("write chat {key}"),
+            why,
+        }),
+        Err((false, e, false)) => Err(BusError::kv(format!("write chat {key}"), e)),
+    }
+}
+
+/// One write of the chat record: `Err((conflict, error, permanent))` when it failed.
+async fn write_value(
+    bus: &Bus,
+    chat: &ChatId,
+    record: &ChatRecord,
+    revision: Option<u64>,
+) -> Result<u64, (bool, String, bool)> {
+    let key = chat.as_str();
+    let value = Bytes::from(
+        bus.codec
+            .encode(record)
+            .map_err(|e| (false, e.to_string(), true))?,
+    );
+    let permanent = |e: &(dyn std::error::Error + 'static)| {
+        turnpike_jetstream::persistence(e) == turnpike_jetstream::Persistence::Permanent
+    };
+    match revision {
         Some(rev) => bus.chats.update(key, value, rev).await.map_err(|e| {
             (
                 e.kind() == UpdateErrorKind::WrongLastRevision || turnpike_jetstream::lost_cas(&e),
                 e.to_string(),
+                permanent(&e),
             )
         }),
         None => bus.chats.create(key, value).await.map_err(|e| {
             (
                 e.kind() == CreateErrorKind::AlreadyExists || turnpike_jetstream::lost_cas(&e),
                 e.to_string(),
+                permanent(&e),
             )
         }),
-    };
-    match written {
-        Ok(_) => Ok(true),
-        Err((true, _)) => Ok(false),
-        Err((false, e)) => Err(BusError::kv(format!("write chat {key}"), e)),
     }
 }
 
-/// A new turn joins its chat: it becomes the live turn if there is none (returns the history to
-/// give it), else it waits its turn (returns `None`). Idempotent for a turn already there.
+/// A new turn joins its chat: it becomes the live turn if there is none ([`chat::Joined::Live`],
+/// with the history to give it), else it waits its turn, unless the chat's queue is full
+/// ([`chat::Joined::Full`]: the caller ends the turn). Idempotent for a turn already there.
 pub async fn join(
     bus: &Bus,
     chat: &ChatId,
     turn: &TurnId,
     inbound_seq: Option<u64>,
     known: Option<Snapshot>,
-) -> Result<Option<Vec<HistoryEntry>>, BusError> {
-    let joined = update_from(bus, chat, known, |c| chat::join(c, turn, inbound_seq)).await?;
-    Ok(match joined {
-        chat::Joined::Live(history) => Some(history),
-        chat::Joined::Waiting | chat::Joined::Left => None,
+) -> Result<chat::Joined, BusError> {
+    let queue_max = bus.chat_queue;
+    update_from(bus, chat, known, |c| {
+        chat::join_bounded(c, turn, inbound_seq, queue_max)
     })
+    .await
 }
 
 /// The first message of an idle chat: if `known` (the order check's read) shows no live turn
@@ -270,61 +309,78 @@ pub async fn release(
         None => false,
     };
     let replies = if was_live && chat::ran(record) {
-        bot_messages(bus, record).await?
+        bot_messages(bus, record, budget).await?
     } else {
-        Vec::new()
+        Replies::default()
     };
+    let texts: Vec<String> = replies.texts.iter().cloned().collect();
     let released = update_from(bus, &record.chat, Some(snapshot), |c| {
-        let r = chat::release(c, record, &replies, budget);
+        let r = chat::release_with(c, record, &texts, replies.skipped, budget);
         (r.changed, r.next)
     })
     .await?;
     Ok(released)
 }
 
-/// The bot messages a turn landed, read back from the chat's outbound stream (they are the
-/// truth; the runner's claims are not). When the record knows where every one is stored, each is
-/// read by sequence and checked; otherwise (an older runner, a lost event, a location that does
-/// not hold this turn's message) the chat's subject is scanned from the turn's first fence marker.
-async fn bot_messages(bus: &Bus, record: &TurnRecord) -> Result<Vec<String>, BusError> {
-    if let Some(texts) = by_sequence(bus, record).await {
-        return Ok(texts);
+/// The bot messages a turn landed that its chat's history can hold (the newest, within
+/// `budget`; how many older ones were left out), read back from the chat's outbound stream
+/// (they are the truth; the runner's claims are not). Where the record says an attempt's
+/// messages are stored, that range is read and checked against its count; otherwise (a lost
+/// event) the chat's subject is scanned from the turn's first fence marker. A scan cut short by
+/// its bound keeps what it read: a chat's history a little short beats a chat that never moves.
+async fn bot_messages(
+    bus: &Bus,
+    record: &TurnRecord,
+    budget: turnpike_core::history::Budget,
+) -> Result<Replies, BusError> {
+    if let Some(found) = by_span(bus, record, budget).await? {
+        return Ok(found);
     }
-    let items = crate::fence::turn_messages(bus, &record.chat, &record.turn).await?;
-    Ok(items.into_iter().map(|i| i.text).collect())
+    let Some(from) = crate::fence::before_first_marker(bus, &record.turn).await? else {
+        return Ok(Replies::default());
+    };
+    let (found, complete) =
+        crate::fence::replies(bus, &record.chat, &record.turn, from, None, budget, |_| {
+            true
+        })
+        .await?;
+    if !complete {
+        tracing::warn!(turn_id = %record.turn, "too many messages to read them all into history; keeping the newest read");
+    }
+    Ok(found)
 }
 
-/// Read a turn's replies at the locations its record holds; `None` if any is unknown, unreadable
-/// or not this turn's bot message.
-async fn by_sequence(bus: &Bus, record: &TurnRecord) -> Option<Vec<String>> {
-    let complete = record
-        .attempts
-        .iter()
-        .all(|a| a.replies.len() == a.messages_landed as usize);
-    if !complete {
-        return None;
-    }
-    // No round trip for the handle; each get is answered by the stream leader, so a message
-    // whose PubAck the runner saw is there to read.
-    let stream = bus
-        .js
-        .get_stream_no_info(subjects::STREAM_CHAT_OUT)
-        .await
-        .ok()?;
-    let subject = subjects::chat_out(&record.chat);
-    let mut texts = Vec::new();
-    for seq in record.attempts.iter().flat_map(|a| a.replies.iter()) {
-        let m = stream.get_raw_message(*seq).await.ok()?;
-        if m.subject.as_str() != subject {
-            return None;
+/// A turn's replies read from the ranges its record holds; `None` if a range is unknown or does
+/// not hold the count it should.
+async fn by_span(
+    bus: &Bus,
+    record: &TurnRecord,
+    budget: turnpike_core::history::Budget,
+) -> Result<Option<Replies>, BusError> {
+    let mut all = Replies::default();
+    for a in record.attempts.iter().filter(|a| a.messages_landed > 0) {
+        let Some(span) = a.reply_span else {
+            return Ok(None);
+        };
+        let (found, complete) = crate::fence::replies(
+            bus,
+            &record.chat,
+            &record.turn,
+            span.first.saturating_sub(1),
+            Some(span.last),
+            budget,
+            |item| item.attempt == a.n,
+        )
+        .await?;
+        if !complete || found.len() != u64::from(a.messages_landed) {
+            return Ok(None);
         }
-        let item = turnpike_jetstream::decode::<OutboundItem>(Some(&m.headers), &m.payload).ok()?;
-        if item.turn != record.turn || item.kind != OutboundKind::Message {
-            return None;
+        all.skipped += found.skipped;
+        for text in found.texts {
+            all.push(text, budget);
         }
-        texts.push(item.text);
     }
-    Some(texts)
+    Ok(Some(all))
 }
 
 /// Flag the chat errored for operators (once per turn).

@@ -8,7 +8,7 @@ use std::time::Duration;
 use turnpike_core::backoff::Backoff;
 use turnpike_core::fence::{self, FenceHolder, FenceMarker, Last};
 use turnpike_core::subjects;
-use turnpike_core::wire::{OutboundItem, OutboundKind};
+use turnpike_core::wire::{Landed, OutboundItem, OutboundKind};
 use turnpike_core::{ChatId, RunnerId, TurnId, FORMAT_VERSION};
 use turnpike_jetstream::{decode, Bus, BusError, Publish};
 
@@ -215,37 +215,110 @@ pub async fn kill(bus: &Bus, turn: &TurnId, attempt: u32, by: &str) -> Result<()
     Err(still_contended(turn))
 }
 
-/// The bot messages `attempt` of `turn` landed, with their stream sequences, counted once the
-/// attempt is fenced out (so the count is final). Its output lies after its own marker at
-/// `runner_seq`; each read goes to the stream leader, and any failure is an error, never a
-/// short count.
+/// What `attempt` of `turn` landed (how many bot messages, where), counted once the attempt is
+/// fenced out (so the count is final). Its output lies after its own marker at `runner_seq`;
+/// each read goes to the stream leader, and any failure is an error, never a short count. The
+/// messages are counted, not kept: an agent that said a great deal costs reads, not memory.
+/// More than [`MAX_SCAN`] messages of the chat to read is an error no retry changes.
 pub async fn landed(
     bus: &Bus,
     chat: &ChatId,
     turn: &TurnId,
     attempt: u32,
     runner_seq: Option<u64>,
-) -> Result<Vec<u64>, BusError> {
+) -> Result<Landed, BusError> {
+    let mut landed = Landed::default();
     let Some(from) = runner_seq else {
-        return Ok(Vec::new());
+        return Ok(landed);
     };
-    let found = scan_all(bus, chat, turn, from, |item| item.attempt == attempt).await?;
-    Ok(found.into_iter().map(|(seq, _)| seq).collect())
+    let complete = scan(bus, chat, turn, from, None, MAX_SCAN, false, |seq, item| {
+        if item.attempt == attempt {
+            landed.push(seq);
+        }
+    })
+    .await?;
+    if !complete {
+        return Err(BusError::Unrecoverable {
+            what: format!("counting what attempt {attempt} of {turn} landed"),
+            why: format!(
+                "more than {MAX_SCAN} messages on {} since the attempt began",
+                subjects::chat_out(chat)
+            ),
+        });
+    }
+    Ok(landed)
 }
 
-/// Every bot message of `turn`, of all its attempts, in stream order. Nothing of a turn can land
-/// before its first fence marker, so the scan starts there: no clock of any host decides what
-/// is read, and any failed read is an error, never a short list.
-pub async fn turn_messages(
+/// The newest bot messages of a turn that a history can hold, read in stream order and kept
+/// within its budget as they come (never all of them in memory), and how many older ones were
+/// left out.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Replies {
+    pub texts: std::collections::VecDeque<String>,
+    pub skipped: u64,
+    /// Encoded bytes of `texts`, as a history counts them.
+    bytes: usize,
+}
+
+impl Replies {
+    /// Keep `text` as the newest, leaving out the oldest while over `budget`.
+    pub fn push(&mut self, text: String, budget: turnpike_core::history::Budget) {
+        let entry = |text: &str| {
+            turnpike_core::history::ENTRY_OVERHEAD + turnpike_core::sizes::str_len(text)
+        };
+        let text = turnpike_core::sizes::cut(
+            &text,
+            budget
+                .bytes
+                .saturating_sub(turnpike_core::history::ENTRY_OVERHEAD),
+        )
+        .into_owned();
+        self.bytes += entry(&text);
+        self.texts.push_back(text);
+        while self.texts.len() > budget.entries || self.bytes > budget.bytes {
+            let Some(old) = self.texts.pop_front() else {
+                break;
+            };
+            self.bytes -= entry(&old);
+            self.skipped += 1;
+        }
+    }
+
+    pub fn len(&self) -> u64 {
+        self.texts.len() as u64 + self.skipped
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// The bot messages of `turn` stored after `from` on its chat's subject, up to `until` (or the
+/// subject's end), that `keep` selects, gathered into [`Replies`] within `budget`. `true` with
+/// them if the scan reached its end; a scan cut short by [`MAX_SCAN`] returns what it found.
+pub async fn replies(
     bus: &Bus,
     chat: &ChatId,
     turn: &TurnId,
-) -> Result<Vec<OutboundItem>, BusError> {
-    let Some(from) = first_marker(bus, turn).await? else {
-        return Ok(Vec::new());
-    };
-    let found = scan_all(bus, chat, turn, from, |_| true).await?;
-    Ok(found.into_iter().map(|(_, item)| item).collect())
+    from: u64,
+    until: Option<u64>,
+    budget: turnpike_core::history::Budget,
+    keep: impl Fn(&OutboundItem) -> bool,
+) -> Result<(Replies, bool), BusError> {
+    let mut found = Replies::default();
+    let complete = scan(bus, chat, turn, from, until, MAX_SCAN, false, |_, item| {
+        if keep(&item) {
+            found.push(item.text, budget);
+        }
+    })
+    .await?;
+    Ok((found, complete))
+}
+
+/// The sequence just before `turn`'s first fence marker (nothing of a turn can land before it),
+/// to scan its messages from; `None` if no attempt ever took the fence.
+pub async fn before_first_marker(bus: &Bus, turn: &TurnId) -> Result<Option<u64>, BusError> {
+    first_marker(bus, turn).await
 }
 
 /// A turn's bot messages so far, as a view shows them.
@@ -257,10 +330,10 @@ pub struct TurnOutput {
 }
 
 /// The bot messages `turn` has landed so far, for a view (the dashboard), while it runs or
-/// after. Unlike [`turn_messages`] it stops at the turn's final status (nothing of a turn lands
-/// after it: its attempts are over or fenced out before it is sent), so an old turn of a busy
-/// chat costs its own messages, not the chat's since; and it reads at most `max_reads` messages,
-/// saying so instead of failing.
+/// after. It stops at the turn's final status (nothing of a turn lands after it: its attempts
+/// are over or fenced out before it is sent), so an old turn of a busy chat costs its own
+/// messages, not the chat's since; and it reads at most `max_reads` messages, saying so instead
+/// of failing.
 pub async fn turn_output(
     bus: &Bus,
     chat: &ChatId,
@@ -273,11 +346,12 @@ pub async fn turn_output(
             complete: true,
         });
     };
-    let (found, complete) = scan(bus, chat, turn, from, max_reads, true, |_| true).await?;
-    Ok(TurnOutput {
-        messages: found.into_iter().map(|(_, item)| item).collect(),
-        complete,
+    let mut messages = Vec::new();
+    let complete = scan(bus, chat, turn, from, None, max_reads, true, |_, item| {
+        messages.push(item)
     })
+    .await?;
+    Ok(TurnOutput { messages, complete })
 }
 
 /// The sequence of the turn's first fence marker; `None` if no attempt ever took the fence.
@@ -297,43 +371,27 @@ async fn first_marker(bus: &Bus, turn: &TurnId) -> Result<Option<u64>, BusError>
     }
 }
 
-/// [`scan`] to the end of the chat's subject; more than [`MAX_SCAN`] messages is an error.
-async fn scan_all(
-    bus: &Bus,
-    chat: &ChatId,
-    turn: &TurnId,
-    from: u64,
-    keep: impl Fn(&OutboundItem) -> bool,
-) -> Result<Vec<(u64, OutboundItem)>, BusError> {
-    match scan(bus, chat, turn, from, MAX_SCAN, false, keep).await? {
-        (found, true) => Ok(found),
-        (_, false) => Err(BusError::kv(
-            format!("read the messages of {turn}"),
-            format!(
-                "more than {MAX_SCAN} messages on {} since the turn began",
-                subjects::chat_out(chat)
-            ),
-        )),
-    }
-}
-
-/// The bot messages of `turn` on `chat`'s outbound subject after sequence `from` that `keep`
-/// selects, each with its sequence; at most `max_reads` reads, ending early at the turn's final
-/// status if `to_final`. `true` with them if the scan reached its end.
+/// Each bot message of `turn` on `chat`'s outbound subject after sequence `from` (and at most
+/// `until`), with its sequence, to `visit`; at most `max_reads` reads, ending early at the
+/// turn's final status if `to_final`. `true` if the scan reached its end.
+#[allow(clippy::too_many_arguments)]
 async fn scan(
     bus: &Bus,
     chat: &ChatId,
     turn: &TurnId,
     from: u64,
+    until: Option<u64>,
     max_reads: usize,
     to_final: bool,
-    keep: impl Fn(&OutboundItem) -> bool,
-) -> Result<(Vec<(u64, OutboundItem)>, bool), BusError> {
+    mut visit: impl FnMut(u64, OutboundItem),
+) -> Result<bool, BusError> {
     let stream = stream(bus).await?;
     let subject = subjects::chat_out(chat);
     let mut seq = from + 1;
-    let mut out = Vec::new();
     for _ in 0..max_reads {
+        if until.is_some_and(|last| seq > last) {
+            return Ok(true);
+        }
         let next = stream
             .raw_message_builder()
             .sequence(seq)
@@ -342,23 +400,24 @@ async fn scan(
             .await;
         let m = match next {
             Ok(m) => m,
-            Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => {
-                return Ok((out, true))
-            }
+            Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => return Ok(true),
             Err(e) => return Err(BusError::kv(format!("read the messages of {turn}"), e)),
         };
+        if until.is_some_and(|last| m.sequence > last) {
+            return Ok(true);
+        }
         if let Ok(item) = decode::<OutboundItem>(Some(&m.headers), &m.payload) {
             if &item.turn == turn {
-                if item.kind == OutboundKind::Message && keep(&item) {
-                    out.push((m.sequence, item));
+                if item.kind == OutboundKind::Message {
+                    visit(m.sequence, item);
                 } else if to_final && item.r#final {
-                    return Ok((out, true));
+                    return Ok(true);
                 }
             }
         }
         seq = m.sequence + 1;
     }
-    Ok((out, false))
+    Ok(false)
 }
 
 #[cfg(test)]

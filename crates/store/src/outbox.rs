@@ -28,7 +28,13 @@ use turnpike_jetstream::{now, Bus, BusError, Publish};
 pub async fn run_outbox(bus: &Bus, current: Versioned) -> Result<Versioned, ApplyError> {
     let mut next = Vec::new();
     for effect in &current.record.outbox {
-        next.extend(execute_own(bus, &current.record, effect).await?);
+        match carry_out(bus, &current.record, effect).await? {
+            Carried::Done(released) => next.extend(released.map(|n| *n)),
+            Carried::Abandon(reason) => {
+                admit_chain(bus, next).await?;
+                return Box::pin(crate::turns::abandon(bus, &current.record.turn, &reason)).await;
+            }
+        }
     }
     admit_chain(bus, next).await?;
     if current.record.state.is_terminal() {
@@ -105,10 +111,49 @@ async fn admit_chain(bus: &Bus, mut work: Vec<NextTurn>) -> Result<(), BusError>
             continue;
         };
         for effect in &admitted.record.outbox {
-            work.extend(execute_own(bus, &admitted.record, effect).await?);
+            match carry_out(bus, &admitted.record, effect).await? {
+                Carried::Done(released) => work.extend(released.map(|n| *n)),
+                Carried::Abandon(reason) => {
+                    let turn = &admitted.record.turn;
+                    match Box::pin(crate::turns::abandon(bus, turn, &reason)).await {
+                        Ok(_) => {}
+                        Err(ApplyError::Bus(e)) => return Err(e),
+                        Err(e) => warn!(turn_id = %turn, error = %e, "could not end the turn"),
+                    }
+                    break;
+                }
+            }
         }
     }
     Ok(())
+}
+
+/// What became of one effect.
+enum Carried {
+    /// Carried out (or, failing for good, skipped); the chat's next turn, if it released one.
+    Done(Option<Box<NextTurn>>),
+    /// The turn's next attempt cannot be published, ever: the turn is to be ended.
+    Abandon(String),
+}
+
+/// Carry out one effect. A transient failure is the caller's to retry; one that no retry
+/// changes (a payload NATS refuses) never loops: a dispatch that can never be published ends
+/// the turn, and any other effect is skipped, logged (a notice, a flag, a kill message: the turn
+/// is decided, and the chat moves on).
+async fn carry_out(bus: &Bus, record: &TurnRecord, effect: &Effect) -> Result<Carried, BusError> {
+    match execute_own(bus, record, effect).await {
+        Ok(released) => Ok(Carried::Done(released.map(Box::new))),
+        Err(e) if e.is_transient() => Err(e),
+        Err(e) => match effect {
+            Effect::DispatchAttempt { attempt, .. } if !record.state.is_terminal() => Ok(
+                Carried::Abandon(format!("attempt {attempt} cannot be dispatched: {e}")),
+            ),
+            _ => {
+                tracing::error!(turn_id = %record.turn, ?effect, error = %e, "an effect of the turn failed for good; skipped");
+                Ok(Carried::Done(None))
+            }
+        },
+    }
 }
 
 /// Apply `Admitted` to the chat's next turn; if that turn had already ended, release it and
@@ -145,8 +190,16 @@ async fn admit_one(
     }
 }
 
+/// Who a kill of the turn's attempt is by: the operator who asked, or Turnpike itself when the
+/// turn was ended for a permanent error.
 fn killed_by(record: &TurnRecord) -> &str {
-    record.kill.as_ref().map_or("operator", |k| k.by.as_str())
+    match (&record.kill, &record.outcome) {
+        (Some(k), _) => k.by.as_str(),
+        (None, Some(o)) if o.reason == turnpike_core::record::OutcomeReason::PermanentError => {
+            "turnpike"
+        }
+        (None, _) => "operator",
+    }
 }
 
 async fn send_kill(bus: &Bus, record: &TurnRecord, attempt: u32) -> Result<(), BusError> {

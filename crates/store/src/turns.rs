@@ -5,6 +5,7 @@
 use async_nats::jetstream::kv::{CreateErrorKind, UpdateErrorKind};
 use bytes::Bytes;
 use tracing::debug;
+use turnpike_core::chat::Joined;
 use turnpike_core::lifecycle::{self, Effect, Event, EventOutcome, TransitionError, Unchanged};
 use turnpike_core::{TurnId, TurnRecord};
 use turnpike_jetstream::{decode_kv, now, Bus, BusError};
@@ -45,6 +46,13 @@ impl ApplyError {
     /// May applying the same event succeed later (NAK and redeliver), or never (refuse it)?
     pub fn is_transient(&self) -> bool {
         matches!(self, ApplyError::Bus(e) if e.is_transient())
+    }
+
+    /// Did storing or carrying out the turn's own state fail for good (a payload NATS refuses,
+    /// a request it finds invalid)? Then the turn is [abandoned](abandon), not retried forever.
+    /// An event that is wrong for the turn is not: the event is refused, the turn goes on.
+    pub fn ends_the_turn(&self) -> bool {
+        matches!(self, ApplyError::Bus(e) if !e.is_transient())
     }
 }
 
@@ -158,11 +166,92 @@ pub async fn create_in_chat(
         }
         return Ok((current, created));
     }
-    if let Some(history) = crate::chats::join(bus, &chat, &turn, inbound_seq, known_chat).await? {
+    match crate::chats::join(bus, &chat, &turn, inbound_seq, known_chat).await? {
         // Admitted at the revision just written: no read before the write.
-        admit(bus, &turn, history, Some(current.clone())).await?;
+        Joined::Live(history) => admit(bus, &turn, history, Some(current.clone())).await?,
+        Joined::Waiting | Joined::Left => {}
+        // The chat's queue filled up since the dispatcher looked: the turn cannot wait in it.
+        Joined::Full { waiting } => {
+            let reason = turnpike_core::wire::Refusal::QueueFull {
+                waiting,
+                max: bus.chat_queue,
+            };
+            let ended = abandon(bus, &turn, &reason.to_string()).await?;
+            return Ok((ended, created));
+        }
     }
     Ok((current, created))
+}
+
+/// End a turn that cannot go on because a step failed in a way no retry changes (a payload
+/// NATS refuses, a queue that is full): [`Event::Abandoned`] (failed, the plain notice, the chat
+/// flagged, the reason kept), and its effects carried out. If the record itself no longer fits
+/// what NATS accepts, it is first stored [compacted](TurnRecord::compacted). A turn already
+/// ended is left as it is.
+pub async fn abandon(bus: &Bus, turn: &TurnId, reason: &str) -> Result<Versioned, ApplyError> {
+    tracing::warn!(turn_id = %turn, reason = %turnpike_core::sizes::quote(reason), "ending the turn: a step failed for good");
+    let event = Event::Abandoned {
+        reason: reason.to_owned(),
+    };
+    let applied = match apply_event(bus, turn, &event).await {
+        Err(ApplyError::Bus(e)) if !e.is_transient() => {
+            compact(bus, turn).await?;
+            apply_event(bus, turn, &event).await?
+        }
+        other => other?,
+    };
+    if let Applied::Changed { current, .. } = &applied {
+        // For operators: the turn and why, beside every other input Turnpike gave up on.
+        let record = encode(bus, &current.record).unwrap_or_default();
+        turnpike_jetstream::dead_letter(
+            &bus.js,
+            "turn",
+            reason,
+            &format!("$KV.{}.{turn}", turnpike_core::subjects::BUCKET_TURNS),
+            None,
+            record,
+        )
+        .await;
+    }
+    run_owed(bus, applied).await
+}
+
+/// A turn whose record can never be created (NATS refuses it for good): it leaves its chat
+/// (which an idle chat's message joins before its record is created) and the live index, and
+/// the chat's next turn goes. `record` is the record that could not be created.
+pub async fn withdraw(bus: &Bus, record: &TurnRecord) -> Result<(), ApplyError> {
+    if let Some((next, history)) = crate::chats::release(bus, record, bus.history).await? {
+        if next != record.turn {
+            admit(bus, &next, history, None).await?;
+        }
+    }
+    unlist_live(bus, &record.turn).await?;
+    Ok(())
+}
+
+/// Store the turn's record [compacted](TurnRecord::compacted), by compare-and-set.
+async fn compact(bus: &Bus, turn: &TurnId) -> Result<(), ApplyError> {
+    for _ in 0..CAS_ATTEMPTS {
+        let current = load(bus, turn)
+            .await?
+            .ok_or_else(|| ApplyError::UnknownTurn(turn.clone()))?;
+        let small = current.record.compacted();
+        match bus
+            .turns
+            .update(turn.as_str(), encode(bus, &small)?, current.revision)
+            .await
+        {
+            Ok(_) => return Ok(()),
+            Err(e)
+                if e.kind() == UpdateErrorKind::WrongLastRevision
+                    || turnpike_jetstream::lost_cas(&e) =>
+            {
+                continue
+            }
+            Err(e) => return Err(BusError::kv(format!("compact turn {turn}"), e).into()),
+        }
+    }
+    Err(BusError::kv(format!("compact turn {turn}"), "still conflicting").into())
 }
 
 /// Create a turn record; if it exists already (a replayed inbound message), return the stored one.

@@ -2,7 +2,7 @@
 //! sequences with duplicates and reordering.
 
 use super::*;
-use crate::wire::{Attachment, AttemptStart, Role};
+use crate::wire::{Attachment, AttemptStart, ReplySpan, Role};
 use crate::ChatId;
 use proptest::prelude::*;
 
@@ -65,7 +65,8 @@ fn report(class: ExitClass, landed: u32, ended: Timestamp) -> ExitReport {
         signal: None,
         error: None,
         messages_landed: landed,
-        replies: vec![],
+        reply_span: None,
+        output_cut: false,
         ended_at: ended,
         started: None,
     }
@@ -727,15 +728,19 @@ fn arb_event() -> impl Strategy<Value = Event> {
         3 => (attempt.clone(), 0u32..3, proptest::option::of(0u64..1000)).prop_map(|(a, s, q)| {
             Event::MessageLanded { attempt: a, seq: s, stream_seq: q }
         }),
-        // Reported locations may be fewer or (malformed) more than the landed count.
-        5 => (attempt, arb_class(), 0u32..2, 0u64..1000, proptest::collection::vec(0u64..99, 0..3))
-            .prop_map(|(a, c, l, t, replies)| Event::Exited {
+        // A reported span, or none, whatever the landed count.
+        5 => (attempt, arb_class(), 0u32..2, 0u64..1000, proptest::option::of((0u64..99, 0u64..9)))
+            .prop_map(|(a, c, l, t, span)| Event::Exited {
                 attempt: a,
-                report: ExitReport { replies, ..report(c, l, at(t)) },
+                report: ExitReport {
+                    reply_span: span.map(|(first, n)| ReplySpan { first, last: first + n }),
+                    ..report(c, l, at(t))
+                },
             }),
         1 => (0u64..1000).prop_map(|t| Event::KillRequested {
             action: OperatorAction { by: "op".into(), at: at(t) },
         }),
+        1 => Just(Event::Abandoned { reason: "payload too large".into() }),
     ]
 }
 
@@ -784,9 +789,9 @@ fn check_trajectory(n: u32, events: &[Event]) -> Result<TurnRecord, TestCaseErro
                     }
                 }
                 match ev {
-                    Event::MessageLanded { .. } | Event::KillRequested { .. } => {
-                        no_more_dispatch = true
-                    }
+                    Event::MessageLanded { .. }
+                    | Event::KillRequested { .. }
+                    | Event::Abandoned { .. } => no_more_dispatch = true,
                     Event::Exited { report, .. }
                         if matches!(
                             report.class,
@@ -807,8 +812,8 @@ fn check_trajectory(n: u32, events: &[Event]) -> Result<TurnRecord, TestCaseErro
         }
         prop_assert!(r.attempt <= limit, "attempt {} > limit {limit}", r.attempt);
         for a in &r.attempts {
-            // Every recorded reply location belongs to a landed message, each recorded once.
-            prop_assert!(a.replies.len() as u32 <= a.messages_landed, "{a:?}");
+            // A span's ends are in order.
+            prop_assert!(a.reply_span.is_none_or(|s| s.first <= s.last), "{a:?}");
         }
         prop_assert!(r.attempts.len() as u32 <= limit);
         // The outbox without clears: what is owed stays until proven done, nothing else piles up.
@@ -836,6 +841,7 @@ fn check_trajectory(n: u32, events: &[Event]) -> Result<TurnRecord, TestCaseErro
             r.outbox
         );
         prop_assert!(r.outbox.len() <= 6, "outbox piles up: {:?}", r.outbox);
+        prop_assert!(r.outbox.len() <= crate::sizes::OUTBOX_EFFECTS_MAX);
         prop_assert!(notices_sent <= 1, "more than one notice");
     }
     prop_assert_eq!(ended_count, u32::from(r.state.is_terminal()));
@@ -942,7 +948,10 @@ fn landed_messages_record_where_they_are_stored_once_each() {
     // From an older runner: counted, with no location.
     let (r, _) = step(&r, landed(2, None), at(3));
     let a = &r.attempts[0];
-    assert_eq!((a.messages_landed, a.replies.clone()), (2, vec![17]));
+    assert_eq!(
+        (a.messages_landed, a.reply_span),
+        (2, Some(ReplySpan::at(17)))
+    );
 }
 
 #[test]
@@ -959,20 +968,39 @@ fn an_exit_report_handled_before_the_landed_events_still_says_where_replies_are(
         )
         .0
     };
-    let exit = |landed, replies: Vec<u64>| Event::Exited {
+    let exit = |landed, reply_span| Event::Exited {
         attempt: 1,
         report: ExitReport {
-            replies,
+            reply_span,
             ..report(ExitClass::Clean, landed, at(2))
         },
     };
     let r = started(&new_turn(3));
-    let (done, _) = step(&r, exit(2, vec![40, 41]), at(2));
-    assert_eq!(done.attempts[0].replies, vec![40, 41]);
+    let span = ReplySpan {
+        first: 40,
+        last: 41,
+    };
+    let (done, _) = step(&r, exit(2, Some(span)), at(2));
+    assert_eq!(done.attempts[0].reply_span, Some(span));
     assert_eq!(done.state, TurnState::Done);
-    // A report claiming more locations than landed messages is not believed.
-    let (odd, _) = step(&r, exit(1, vec![40, 41]), at(2));
-    assert!(odd.attempts[0].replies.is_empty());
+    // Landed events applied first, and the report: the span covers both.
+    let (r, _) = step(
+        &r,
+        Event::MessageLanded {
+            attempt: 1,
+            seq: 1,
+            stream_seq: Some(39),
+        },
+        at(1),
+    );
+    let (both, _) = step(&r, exit(2, Some(span)), at(2));
+    assert_eq!(
+        both.attempts[0].reply_span,
+        Some(ReplySpan {
+            first: 39,
+            last: 41
+        })
+    );
 }
 
 #[test]
@@ -1109,7 +1137,7 @@ fn a_fast_attempts_started_and_exit_in_one_batch_end_the_turn_as_two_writes_woul
             Event::Exited {
                 attempt: 1,
                 report: ExitReport {
-                    replies: vec![40],
+                    reply_span: Some(ReplySpan::at(40)),
                     ..report(ExitClass::Clean, 1, at(3))
                 },
             },
@@ -1206,4 +1234,91 @@ proptest! {
         prop_assert_eq!(effects, expected_effects);
         prop_assert_eq!(outcomes, expected_outcomes);
     }
+}
+
+/// An error no retry can change ends the turn failed wherever it stands: the plain notice, the
+/// chat flagged with the reason, the reason in the record, and nothing of it left to run.
+#[test]
+fn an_abandoned_turn_fails_for_good_from_any_live_state() {
+    let abandon = Event::Abandoned {
+        reason: format!("payload too large: {}", "x".repeat(10_000)),
+    };
+    let queued = new_turn(3);
+    let (running, _) = step(
+        &queued,
+        Event::Started {
+            attempt: 1,
+            runner: runner(1),
+            published_at: T0,
+        },
+        at(1),
+    );
+    let (pending, _) = run_attempt(&queued, 1, ExitClass::OomKilled, 0, at(2));
+    assert_eq!(pending.state, TurnState::PendingRetry);
+    let mut waiting = queued.clone();
+    waiting.state = TurnState::Waiting;
+    waiting.attempt = 0;
+    waiting.attempts.clear();
+    for (r, stop, made) in [
+        (&waiting, None, 0),
+        (&queued, Some(Effect::CancelAttempt { attempt: 1 }), 1),
+        (&running, Some(Effect::ForwardKill { attempt: 1 }), 1),
+        (&pending, Some(Effect::CancelAttempt { attempt: 2 }), 1),
+    ] {
+        let (done, effects) = step(r, abandon.clone(), at(5));
+        assert_eq!(done.state, TurnState::Failed);
+        let outcome = done.outcome.clone().expect("an outcome");
+        assert_eq!(outcome.reason, OutcomeReason::PermanentError);
+        assert_eq!(outcome.attempts, made, "from {:?}", r.state);
+        let error = outcome.error.expect("the reason is kept");
+        assert!(error.starts_with("payload too large: xxx"));
+        assert!(crate::sizes::str_len(&error) <= crate::sizes::REASON_MAX);
+        let mut expected = Vec::from_iter(stop);
+        expected.extend([
+            Effect::Notify {
+                kind: NoticeKind::Plain,
+                text: texts::PLAIN_FAILURE_NOTICE.into(),
+                attempt: made,
+            },
+            Effect::FlagChatErrored {
+                reason: error.clone(),
+                cause: Some(ChatErrorCause::PermanentError),
+            },
+            Effect::Ended {
+                state: TurnState::Failed,
+            },
+        ]);
+        assert_eq!(effects, expected, "from {:?}", r.state);
+        // Final: a second error, a late exit, a kill change nothing.
+        assert_eq!(
+            apply(&done, &abandon, at(6)),
+            Ok(Step::Unchanged(Unchanged::AlreadyEnded {
+                state: TurnState::Failed
+            }))
+        );
+    }
+}
+
+/// Whatever error text a runner reports, the record keeps it bounded.
+#[test]
+fn an_exit_reports_error_is_kept_bounded() {
+    let queued = new_turn(1);
+    let huge = ExitReport {
+        error: Some("\u{1}".repeat(100_000)),
+        ..report(ExitClass::Crashed, 0, at(2))
+    };
+    let (r, _) = step(
+        &queued,
+        Event::Exited {
+            attempt: 1,
+            report: huge,
+        },
+        at(2),
+    );
+    let kept = r.attempts[0]
+        .exit
+        .as_ref()
+        .and_then(|e| e.error.clone())
+        .expect("kept");
+    assert!(crate::sizes::str_len(&kept) <= crate::sizes::ERROR_MAX);
 }

@@ -168,20 +168,144 @@ pub struct ExitReport {
     pub exit_code: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub signal: Option<i32>,
-    /// Error text: why it could not start, what the engine said, what the agent reported.
+    /// Error text: why it could not start, what the engine said, what the agent reported; cut to
+    /// [`crate::sizes::ERROR_MAX`] encoded bytes ([`ExitReport::bounded`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
     /// Bot messages JetStream acknowledged on the chat's outbound subject for this attempt.
     pub messages_landed: u32,
-    /// Where those messages are stored on the outbound stream (from each PubAck), in order; the
-    /// runner's whole account, since its MessageLanded events may be handled after this report.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub replies: Vec<u64>,
+    /// Where those messages are stored on the outbound stream (from their PubAcks): the first and
+    /// the last sequence, never one entry per message. (Older runners sent every sequence, as
+    /// `replies`; it is read as its span.)
+    #[serde(
+        default,
+        alias = "replies",
+        deserialize_with = "ReplySpan::deserialize_lenient",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub reply_span: Option<ReplySpan>,
+    /// The agent said more than an attempt may land (`attempt_messages_max` or
+    /// `attempt_bytes_max`): the rest was not delivered, and the chat was told so.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub output_cut: bool,
     pub ended_at: Timestamp,
     /// Who ran the attempt and when its work item was published: the report says it again
     /// because events are handled concurrently and the Started event may be applied after it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub started: Option<AttemptStart>,
+}
+
+/// Where an attempt's bot messages are stored on the chat-out stream: its first and last stream
+/// sequence. The attempt's messages lie between, on its chat's subject (among other items of
+/// the chat: statuses, notices), so a reader scans that range for them; the count is
+/// `messages_landed`. Bounded, whatever the agent said.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+pub struct ReplySpan {
+    pub first: u64,
+    pub last: u64,
+}
+
+impl ReplySpan {
+    /// The span of one message.
+    pub fn at(seq: u64) -> Self {
+        ReplySpan {
+            first: seq,
+            last: seq,
+        }
+    }
+
+    /// `span` grown to cover `seq`.
+    pub fn with(span: Option<ReplySpan>, seq: u64) -> ReplySpan {
+        match span {
+            None => ReplySpan::at(seq),
+            Some(s) => ReplySpan {
+                first: s.first.min(seq),
+                last: s.last.max(seq),
+            },
+        }
+    }
+
+    /// The smallest span covering both.
+    pub fn union(a: Option<ReplySpan>, b: Option<ReplySpan>) -> Option<ReplySpan> {
+        match (a, b) {
+            (Some(a), Some(b)) => Some(ReplySpan {
+                first: a.first.min(b.first),
+                last: a.last.max(b.last),
+            }),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// Reads `{"first":…,"last":…}`, or the list of sequences older writers stored (its span;
+    /// none if empty), without holding the list.
+    pub fn deserialize_lenient<'de, D: serde::Deserializer<'de>>(
+        d: D,
+    ) -> Result<Option<ReplySpan>, D::Error> {
+        struct Lenient;
+        impl<'de> serde::de::Visitor<'de> for Lenient {
+            type Value = Option<ReplySpan>;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a reply span {first, last} or a list of stream sequences")
+            }
+            fn visit_none<E>(self) -> Result<Self::Value, E> {
+                Ok(None)
+            }
+            fn visit_unit<E>(self) -> Result<Self::Value, E> {
+                Ok(None)
+            }
+            fn visit_some<D: serde::Deserializer<'de>>(
+                self,
+                d: D,
+            ) -> Result<Self::Value, D::Error> {
+                d.deserialize_any(Lenient)
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> Result<Self::Value, A::Error> {
+                let mut span = None;
+                while let Some(s) = seq.next_element::<u64>()? {
+                    span = Some(ReplySpan::with(span, s));
+                }
+                Ok(span)
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<Self::Value, A::Error> {
+                let (mut first, mut last) = (None, None);
+                while let Some(key) = map.next_key::<String>()? {
+                    match key.as_str() {
+                        "first" => first = Some(map.next_value::<u64>()?),
+                        "last" => last = Some(map.next_value::<u64>()?),
+                        _ => {
+                            map.next_value::<serde::de::IgnoredAny>()?;
+                        }
+                    }
+                }
+                match (first, last) {
+                    (Some(first), Some(last)) => Ok(Some(ReplySpan { first, last })),
+                    _ => Err(serde::de::Error::missing_field("first/last")),
+                }
+            }
+        }
+        d.deserialize_any(Lenient)
+    }
+}
+
+/// What an attempt landed, as counted: how many bot messages, and where they are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Landed {
+    pub count: u32,
+    pub span: Option<ReplySpan>,
+}
+
+impl Landed {
+    /// One more message, stored at `seq`.
+    pub fn push(&mut self, seq: u64) {
+        self.count += 1;
+        self.span = Some(ReplySpan::with(self.span, seq));
+    }
 }
 
 /// The start of an attempt as its runner saw it.
@@ -198,22 +322,34 @@ pub struct AttemptStart {
 impl ExitReport {
     /// The report of an attempt that ended before its agent produced anything.
     pub fn without_output(class: ExitClass, error: impl Into<String>, ended_at: Timestamp) -> Self {
-        ExitReport::runner_lost(error, Vec::new(), ended_at).with_class(class)
+        ExitReport::runner_lost(error, Landed::default(), ended_at).with_class(class)
     }
 
     /// An attempt whose runner is gone (its lease lapsed, or it restarted mid-run), after its
-    /// fence moved: `replies` are the stream sequences of what it landed, final from then on.
-    pub fn runner_lost(error: impl Into<String>, replies: Vec<u64>, ended_at: Timestamp) -> Self {
+    /// fence moved: `landed` is what it landed, final from then on.
+    pub fn runner_lost(error: impl Into<String>, landed: Landed, ended_at: Timestamp) -> Self {
         ExitReport {
             class: ExitClass::RunnerLost,
             exit_code: None,
             signal: None,
             error: Some(error.into()),
-            messages_landed: replies.len() as u32,
-            replies,
+            messages_landed: landed.count,
+            reply_span: landed.span,
+            output_cut: false,
             ended_at,
             started: None,
         }
+    }
+
+    /// The report with its error text cut to [`crate::sizes::ERROR_MAX`] encoded bytes: what a
+    /// runner publishes and a turn record keeps, whatever the agent or the engine said.
+    pub fn bounded(mut self) -> Self {
+        if let Some(e) = &self.error {
+            if let std::borrow::Cow::Owned(cut) = crate::sizes::cut(e, crate::sizes::ERROR_MAX) {
+                self.error = Some(cut);
+            }
+        }
+        self
     }
 
     fn with_class(self, class: ExitClass) -> Self {

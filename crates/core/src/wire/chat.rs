@@ -46,6 +46,113 @@ impl InboundMessage {
     pub fn turn(&self) -> TurnId {
         TurnId::for_message(&self.chat, &self.id)
     }
+
+    /// May this message become a turn? Every field from outside is bounded (the id, the sender,
+    /// each attachment's name and object), and so is the whole message, in encoded bytes: what
+    /// it takes in a work item and a turn record, whatever its characters. A refusal quotes
+    /// what it refuses cut short ([`crate::sizes::quote`]).
+    pub fn check(&self, limits: &InboundLimits) -> Result<(), Refusal> {
+        use crate::sizes::{self, quote, str_len};
+        if self.id.is_empty() {
+            return Err(Refusal::EmptyId);
+        }
+        let bounded = |len: usize, max: usize| (len <= max).then_some(()).ok_or((len, max));
+        bounded(str_len(&self.id), sizes::MESSAGE_ID_MAX)
+            .map_err(|(len, max)| Refusal::IdTooLong { len, max })?;
+        if let Some(sender) = &self.sender {
+            bounded(str_len(sender), sizes::SENDER_MAX)
+                .map_err(|(len, max)| Refusal::SenderTooLong { len, max })?;
+        }
+        if self.attachments.len() > limits.attachments_max {
+            return Err(Refusal::TooManyAttachments {
+                count: self.attachments.len(),
+                max: limits.attachments_max,
+            });
+        }
+        // A chat names its uploads `<chat>/...`; another chat's object is not its to read.
+        let own = format!("{}/", self.chat);
+        for a in &self.attachments {
+            if a.name.is_empty() {
+                return Err(Refusal::EmptyName);
+            }
+            bounded(str_len(&a.name), sizes::ATTACHMENT_NAME_MAX).map_err(|(len, max)| {
+                Refusal::NameTooLong {
+                    name: quote(&a.name),
+                    len,
+                    max,
+                }
+            })?;
+            bounded(str_len(&a.object), sizes::ATTACHMENT_OBJECT_MAX).map_err(|(len, max)| {
+                Refusal::ObjectTooLong {
+                    name: quote(&a.name),
+                    len,
+                    max,
+                }
+            })?;
+            if !a.object.starts_with(&own) {
+                return Err(Refusal::ForeignObject {
+                    name: quote(&a.name),
+                    object: quote(&a.object),
+                    own: quote(&own),
+                });
+            }
+        }
+        let size = sizes::encoded_len(self);
+        if size > limits.message_max {
+            return Err(Refusal::TooLarge {
+                size,
+                max: limits.message_max,
+            });
+        }
+        Ok(())
+    }
+}
+
+/// The limits of the chat contract an inbound message is checked against.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct InboundLimits {
+    /// The whole message, encoded (`message_max_bytes`).
+    pub message_max: usize,
+    /// Attachments it may list (`attachments_max`).
+    pub attachments_max: usize,
+}
+
+/// Why an inbound message was refused before it became a turn. Sizes are encoded bytes; what
+/// came from outside is quoted cut short, so the notice and the dead letter stay small.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Refusal {
+    #[error("the message has an empty id")]
+    EmptyId,
+    #[error("the message id is {len} bytes; the limit is {max}")]
+    IdTooLong { len: usize, max: usize },
+    #[error("the sender is {len} bytes; the limit is {max}")]
+    SenderTooLong { len: usize, max: usize },
+    #[error("the message lists {count} attachments; the limit is {max}")]
+    TooManyAttachments { count: usize, max: usize },
+    #[error("an attachment has an empty name")]
+    EmptyName,
+    #[error("attachment name {name} is {len} bytes; the limit is {max}")]
+    NameTooLong {
+        name: String,
+        len: usize,
+        max: usize,
+    },
+    #[error("the object name of attachment {name} is {len} bytes; the limit is {max}")]
+    ObjectTooLong {
+        name: String,
+        len: usize,
+        max: usize,
+    },
+    #[error("attachment {name} (object {object}) is not under this chat's name {own}")]
+    ForeignObject {
+        name: String,
+        object: String,
+        own: String,
+    },
+    #[error("the message is {size} bytes encoded; the limit is {max}")]
+    TooLarge { size: usize, max: usize },
+    #[error("the chat has {waiting} messages waiting; the limit is {max}")]
+    QueueFull { waiting: usize, max: usize },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -168,4 +275,6 @@ pub enum ChatErrorCause {
     GaveUp,
     /// The agent could not be started at all.
     CouldNotStart,
+    /// A step of the turn failed in a way no retry can change; the reason says which.
+    PermanentError,
 }

@@ -127,7 +127,8 @@ fn every_message_round_trips_in_both_codecs() {
                     signal: Some(9),
                     error: Some("why".into()),
                     messages_landed: 1,
-                    replies: vec![7],
+                    reply_span: Some(ReplySpan::at(7)),
+                    output_cut: class == ExitClass::Clean,
                     ended_at: at,
                     started: Some(AttemptStart {
                         runner: runner(),
@@ -280,4 +281,38 @@ fn outcome_reasons_display_as_serde_spells_them() {
             serde_json::json!(r.to_string())
         );
     }
+}
+
+/// Records and reports written before reply spans listed every sequence (`replies`); they are
+/// read as their span, in either codec, without keeping the list.
+#[test]
+fn an_older_list_of_reply_sequences_is_read_as_its_span() {
+    let old = serde_json::json!({
+        "class": "clean", "messages_landed": 3, "replies": [12, 10, 11],
+        "ended_at": "2026-12-01T00:00:00Z"
+    });
+    let report: ExitReport = serde_json::from_value(old.clone()).expect("reads");
+    assert_eq!(
+        report.reply_span,
+        Some(ReplySpan {
+            first: 10,
+            last: 12
+        })
+    );
+    let packed = rmp_serde::to_vec_named(&old).expect("packs");
+    let report: ExitReport = rmp_serde::from_slice(&packed).expect("reads msgpack");
+    assert_eq!(report.reply_span.map(|s| s.last), Some(12));
+    // What this release writes: the span, under its own name.
+    let written = serde_json::to_value(&report).expect("writes");
+    assert_eq!(
+        written["reply_span"],
+        serde_json::json!({"first": 10, "last": 12})
+    );
+    assert!(written.get("replies").is_none());
+    let empty = serde_json::json!({
+        "class": "clean", "messages_landed": 0, "replies": [],
+        "ended_at": "2026-12-01T00:00:00Z"
+    });
+    let report: ExitReport = serde_json::from_value(empty).expect("reads");
+    assert_eq!(report.reply_span, None);
 }

@@ -28,7 +28,7 @@ pub(super) fn inbound_step(
                 // The bug joins whatever the chat's state.
                 Some(match chat::join(&mut c, &m.ids.turns[t], Some(seq(t))).1 {
                     Joined::Live(history) => Some(history),
-                    Joined::Waiting | Joined::Left => None,
+                    Joined::Waiting | Joined::Left | Joined::Full { .. } => None,
                 })
             } else if choice {
                 None

@@ -18,8 +18,10 @@
 //! | `big-reply:<n>` | replies one message of n bytes |
 //! | `reply-then-hang` | replies, then hangs |
 //! | `reply-when-file:<path>` | waits until `<path>` exists, replies, then hangs |
+//! | `die-when-file:<path>` | waits until `<path>` exists, then exits 1 with no reply |
 //! | `reply-then-exit:<s>` | replies, then exits cleanly `<s>` seconds later |
 //! | `fail-huge` | reports a failure whose error line is over 1 MiB, and exits 0 |
+//! | `error-and-die:<n>` | reports an error of n control characters, then exits 1 (a death) |
 //! | `write-file:<path>` | tries to create `<path>`; replies `wrote <path>` or `refused <path>: <error>` |
 //! | `attachments` | replies, per attachment, its path, size and FNV-1a hash (tests check bytes) |
 //! | anything else | echoes the text back |
@@ -246,6 +248,13 @@ pub fn run() -> ! {
             }
             result_ok();
         }
+        "error-and-die" => {
+            // `error-and-die:<n>`: reports an error of n control characters (six bytes each in
+            // JSON), then dies (exit 1): retried, and each attempt's error joins the record.
+            let n = number("error-and-die");
+            emit(json!({"type": "result", "status": "error", "error": "\u{1}".repeat(n as usize)}));
+            std::process::exit(1);
+        }
         "fail-huge" => {
             raw_line(&format!(
                 "{{\"type\":\"result\",\"status\":\"error\",\"error\":\"{}\"}}",
@@ -259,6 +268,18 @@ pub fn run() -> ! {
             let secs: f64 = arg.and_then(|a| a.parse().ok()).unwrap_or(0.0);
             std::thread::sleep(Duration::from_secs_f64(secs.max(0.0)));
             result_ok();
+        }
+        "die-when-file" => {
+            // `die-when-file:/tmp/x`: exit 1 (a death, no reply) once the file exists: a test
+            // changes the world while the attempt runs, then lets it end.
+            let Some(path) = arg else {
+                diag(format_args!("die-when-file needs a path"));
+                std::process::exit(4);
+            };
+            while !std::path::Path::new(path).exists() {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            std::process::exit(1);
         }
         "reply-when-file" => {
             // `reply-when-file:/tmp/x`: answer once the file exists, then hang; lets a test

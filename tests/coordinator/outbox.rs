@@ -422,6 +422,64 @@ async fn an_ended_turns_effects_are_not_carried_out_again_after_it_left_the_live
     assert_eq!((notices, finals), (1, 1), "{items:?}");
 }
 
+/// Issue 32: a sweep pass lists the live turns once, then works through them; a pass slower
+/// than the duplicate window (a NATS brown-out, thousands of live turns) reached a turn that
+/// had ended and left the index meanwhile, and sent its notice again. It decides on each turn
+/// as it is when reached. (Fails without the re-check in `sweep_turn`'s `Finish`.)
+#[tokio::test]
+async fn a_sweep_pass_on_an_old_listing_does_not_send_an_ended_turns_notice_again() {
+    use turnpike_core::lifecycle::Event;
+    let server = NatsServer::start();
+    let config = test_config(&server, AGENT);
+    let bus = Bus::connect(&config, "test").await.expect("bus");
+    let (record, _) = new_turn("c16", false);
+    let turn = record.turn.clone();
+    turnpike_store::turns::create_in_chat(&bus, record, Some(1), None)
+        .await
+        .expect("create");
+    // The pass lists the live turns: this one is there, still running.
+    let listing = vec![turn.to_string()];
+    let exit = Event::Exited {
+        attempt: 1,
+        report: turnpike_core::wire::ExitReport::without_output(
+            ExitClass::Crashed,
+            "test",
+            turnpike_jetstream::now(),
+        ),
+    };
+    let applied = turnpike_store::turns::apply_event(&bus, &turn, &exit)
+        .await
+        .expect("apply");
+    assert_eq!(applied.current().record.state, TurnState::GaveUp);
+    turnpike_store::turns::run_owed(&bus, applied)
+        .await
+        .expect("effects");
+    shorten_duplicate_window(&bus, subjects::STREAM_CHAT_OUT, Duration::from_millis(200)).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    // The pass reaches it only now, past the window.
+    let mut sweep_config = config.clone();
+    sweep_config.heartbeat = Duration::from_millis(1);
+    turnpike_coordinator::sweep::sweep_listed(
+        &bus,
+        &sweep_config,
+        &Default::default(),
+        listing,
+        &mut |_| turnpike_core::recovery::Lease::Live,
+    )
+    .await
+    .expect("sweep");
+    let items = outbound(
+        &bus.js,
+        &subjects::chat_out(&ChatId::new("c16").expect("chat")),
+    )
+    .await;
+    let notices = items
+        .iter()
+        .filter(|i| i.kind == OutboundKind::Notice)
+        .count();
+    assert_eq!(notices, 1, "{items:?}");
+}
+
 /// An admitted turn's dispatch stays in its outbox until its attempt begins (no write clears
 /// it), so the sweep must not carry it out again: a turn waiting in a long queue would be
 /// published again at every sweep, past the duplicate window. It looks for the attempt

@@ -218,6 +218,37 @@ async fn operators_clear_a_chat_and_rerun_an_ended_turn() {
     p.stop().await;
 }
 
+/// Issue 32: a re-run request sent twice (a second click, a retry after a time-out) makes one
+/// new turn; each new request makes its own. (Failed before requests had ids: every click made
+/// another turn.)
+#[tokio::test]
+async fn a_rerun_request_sent_twice_makes_one_turn() {
+    use turnpike_core::wire::OpsRequest;
+    let p = Pipeline::start(AGENT, |_| {}).await;
+    let turn = send(&p.bus, "c17", "m1", "reply:once").await;
+    wait_ended(&p.bus, &turn, T).await;
+    let rerun = |id: &str| {
+        let req = OpsRequest::turn("carol", turn.clone()).with_id(id);
+        let bus = p.bus.clone();
+        async move { ops(&bus, subjects::OPS_RERUN, req).await }
+    };
+    let first = rerun("click-1").await;
+    let again = rerun("click-1").await;
+    assert!(first.ok && again.ok, "{first:?} {again:?}");
+    assert_eq!(first.turn, again.turn, "the same request, the same turn");
+    assert_eq!(first.turn, Some(TurnId::for_rerun(&turn, 1)));
+    let other = rerun("click-2").await;
+    assert_eq!(other.turn, Some(TurnId::for_rerun(&turn, 2)));
+    for t in [TurnId::for_rerun(&turn, 1), TurnId::for_rerun(&turn, 2)] {
+        assert_eq!(wait_ended(&p.bus, &t, T).await.state, TurnState::Done);
+    }
+    let third = turnpike_store::turns::load(&p.bus, &TurnId::for_rerun(&turn, 3))
+        .await
+        .expect("read");
+    assert!(third.is_none(), "a third re-run: {third:?}");
+    p.stop().await;
+}
+
 #[tokio::test]
 async fn bad_events_are_dead_lettered_and_the_coordinator_keeps_going() {
     let p = Pipeline::start(AGENT, |_| {}).await;

@@ -249,18 +249,39 @@ fn show(r: &TurnRecord) {
 }
 
 async fn action(bus: &Bus, subject: &str, req: &OpsRequest, json: bool) -> Result<ExitCode> {
+    // One id for this command: each try below is the same request, so a reply lost to a
+    // time-out and tried again never makes a second re-run.
+    let stamp = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or_default();
+    let req = req
+        .clone()
+        .with_id(format!("cli-{}-{stamp}", std::process::id()));
     let body = bytes::Bytes::from(req.to_json());
-    let reply = tokio::time::timeout(
-        Duration::from_secs(15),
-        bus.client.request(subject.to_owned(), body),
-    )
-    .await
-    .map_err(|_| {
-        anyhow::anyhow!("no coordinator answered {subject} within 15 s — is a coordinator running?")
-    })?
-    .map_err(|e| {
-        anyhow::anyhow!("no coordinator answered {subject}: {e} — is a coordinator running?")
-    })?;
+    const TRIES: u32 = 3;
+    let mut reply = None;
+    for tries in 1..=TRIES {
+        match tokio::time::timeout(
+            Duration::from_secs(10),
+            bus.client.request(subject.to_owned(), body.clone()),
+        )
+        .await
+        {
+            Ok(Ok(m)) => {
+                reply = Some(m);
+                break;
+            }
+            Ok(Err(e)) if tries == TRIES => anyhow::bail!(
+                "no coordinator answered {subject}: {e} — is a coordinator running?"
+            ),
+            Err(_) if tries == TRIES => anyhow::bail!(
+                "no coordinator answered {subject} within {TRIES} tries of 10 s — is a coordinator running?"
+            ),
+            Ok(Err(_)) | Err(_) => tokio::time::sleep(Duration::from_millis(500)).await,
+        }
+    }
+    let reply = reply.context("no answer")?;
     let answer: OpsReply = serde_json::from_slice(&reply.payload)
         .with_context(|| format!("the coordinator's answer to {subject} is not an ops reply"))?;
     if json {

@@ -129,6 +129,18 @@ async fn handle(
 ) -> OpsReply {
     // The name is kept in records: bounded like every value from outside.
     let by_len = turnpike_core::sizes::str_len(&r.by);
+    let id_len = r.id.as_deref().map_or(0, turnpike_core::sizes::str_len);
+    if id_len > turnpike_core::sizes::REQUEST_ID_MAX {
+        return reply(
+            false,
+            format!(
+                "bad request: the request id may be at most {} bytes",
+                turnpike_core::sizes::REQUEST_ID_MAX
+            ),
+            r.turn.as_ref(),
+            None,
+        );
+    }
     if r.by.is_empty() || by_len > turnpike_core::sizes::OPERATOR_MAX {
         return reply(
             false,
@@ -146,7 +158,9 @@ async fn handle(
     };
     let result = match (subject, &r.turn, &r.chat) {
         (subjects::OPS_KILL, Some(turn), _) => kill(bus, counters, turn, action).await,
-        (subjects::OPS_RERUN, Some(turn), _) => rerun(bus, config, turn, action).await,
+        (subjects::OPS_RERUN, Some(turn), _) => {
+            rerun(bus, config, turn, action, r.id.as_deref()).await
+        }
         (subjects::OPS_CLEAR, _, Some(chat)) => clear(bus, chat, action).await,
         (subjects::OPS_CLEAR, _, None) => Ok(reply(false, "clear needs a chat", None, None)),
         _ => Ok(reply(false, "this request needs a turn", None, None)),
@@ -194,11 +208,14 @@ async fn kill(
 }
 
 /// A re-run is a new turn linked by `rerun_of`, so every turn keeps exactly one terminal state.
+/// The `n`-th re-run of a turn has a derived id; a request with an id (`request`) that made one
+/// already is answered with that one again: a second click makes no second turn.
 async fn rerun(
     bus: &Bus,
     config: &Config,
     turn: &TurnId,
     action: OperatorAction,
+    request: Option<&str>,
 ) -> Result<OpsReply, ApplyError> {
     let original = turns::load(bus, turn)
         .await?
@@ -217,7 +234,7 @@ async fn rerun(
     }
     for n in 1..=1000 {
         let id = TurnId::for_rerun(turn, n);
-        let (record, _) = lifecycle::create(
+        let (mut record, _) = lifecycle::create(
             NewTurn {
                 turn: id.clone(),
                 message: original.message.clone(),
@@ -230,9 +247,18 @@ async fn rerun(
             },
             now(),
         );
+        record.rerun_request = request.map(str::to_owned);
         // Takes its place in the chat's order like any new message.
-        let (_, created) = turns::create_in_chat(bus, record, None, None).await?;
+        let (existing, created) = turns::create_in_chat(bus, record, None, None).await?;
         if !created {
+            if request.is_some() && existing.record.rerun_request.as_deref() == request {
+                return Ok(reply(
+                    true,
+                    format!("re-run as turn {id} (this request made it already)"),
+                    Some(&id),
+                    Some(existing.record.state.to_string()),
+                ));
+            }
             continue;
         }
         info!(turn_id = %turn, rerun = %id, by = %action.by, "operator re-run");

@@ -205,6 +205,7 @@ pub fn create(new: NewTurn, now: Timestamp) -> (TurnRecord, Vec<Effect>) {
         chat_flagged: false,
         rerun_of: new.rerun_of,
         created_by: new.created_by,
+        rerun_request: None,
         outbox: Vec::new(),
     };
     let effects = if new.admit_now {

@@ -248,6 +248,10 @@ pub struct TurnRecord {
     /// Set when an operator created the turn (a re-run): who and when.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub created_by: Option<OperatorAction>,
+    /// The id of the operator's request that created this re-run: the same request again finds
+    /// this turn instead of making another.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rerun_request: Option<String>,
     /// Effects decided but not yet confirmed carried out (transactional outbox). A shell that finds
     /// effects here carries them out again; each is idempotent by its dedup id.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

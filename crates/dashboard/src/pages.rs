@@ -158,9 +158,21 @@ fn action(ctx: &Ctx, url: &str, label: &str, confirm: &str) -> Markup {
     html! {
         form.action method="post" action=(url) data-confirm=(confirm) {
             input type="hidden" name="csrf" value=(ctx.csrf);
+            // Drawn once with the form: a second click sends the same request again.
+            input type="hidden" name="request" value=(request_id());
             button type="submit" class=(format!("btn-{}", label.to_lowercase().replace(' ', "-"))) { (label) }
         }
     }
+}
+
+/// A fresh id for one drawn form (16 random bytes, hex).
+fn request_id() -> String {
+    let mut bytes = [0u8; 16];
+    // Without randomness the form still works: the request is only not deduplicated.
+    if getrandom::fill(&mut bytes).is_err() {
+        return String::new();
+    }
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 pub fn flash(msg: Option<&str>, ok: bool) -> Markup {

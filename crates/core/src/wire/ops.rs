@@ -14,6 +14,11 @@ pub struct OpsRequest {
     pub turn: Option<TurnId>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub chat: Option<ChatId>,
+    /// The request's own id, chosen by whoever asks (a form when it is drawn, a command once
+    /// per invocation): the same request sent again (a second click, a retry after a time-out)
+    /// is answered as the first, and a re-run makes one turn, not two.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
 }
 
 impl OpsRequest {
@@ -24,6 +29,15 @@ impl OpsRequest {
             by: by.into(),
             turn: Some(turn),
             chat: None,
+            id: None,
+        }
+    }
+
+    /// This request with its own id ([`OpsRequest::id`]).
+    pub fn with_id(self, id: impl Into<String>) -> OpsRequest {
+        OpsRequest {
+            id: Some(id.into()),
+            ..self
         }
     }
 
@@ -34,6 +48,7 @@ impl OpsRequest {
             by: by.into(),
             turn: None,
             chat: Some(chat),
+            id: None,
         }
     }
 

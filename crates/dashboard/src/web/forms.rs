@@ -18,6 +18,10 @@ use turnpike_jetstream::now;
 pub(super) struct ActionForm {
     #[serde(default)]
     csrf: String,
+    /// The id drawn with the form: sent again (a second click, the browser's resubmission), it
+    /// is the same request.
+    #[serde(default)]
+    request: Option<String>,
 }
 
 /// The request came from one of our own pages: its `Origin` (or, without one, `Referer`) names
@@ -123,7 +127,7 @@ async fn act(
         Ok(s) => s,
         Err(r) => return r.into_response(),
     };
-    let (req, fallback) = match target {
+    let (mut req, fallback) = match target {
         Some(Target::Turn(t)) => {
             let back = format!("/turns/{t}");
             (OpsRequest::turn(s.user, t), back)
@@ -131,6 +135,7 @@ async fn act(
         Some(Target::Chat(c)) => (OpsRequest::chat(s.user, c), "/errored".to_owned()),
         None => return StatusCode::NOT_FOUND.into_response(),
     };
+    req.id = form.request.clone().filter(|r| !r.is_empty());
     let back = back_to(headers, &fallback);
     ops(state, subject, req, &back).await
 }

@@ -227,9 +227,10 @@ async fn check_attempt_alive(
     // host's clock is compared with another's.
     let key = subjects::claim_key(turn, k);
     let (lease, lapsed_at) = match turnpike_store::claims::lease(bus, turn, k).await? {
-        Lease::Live => (recovery::Lease::Live, now()),
-        Lease::Lapsed(at) => (recovery::Lease::Lapsed, at),
-        Lease::Absent => (absent(&key), now()),
+        Lease::Live => (recovery::Lease::Live, None),
+        Lease::Lapsed(at) => (recovery::Lease::Lapsed, Some(at)),
+        // No trace of a lease: dated below, by the fence marker that declares it lost.
+        Lease::Absent => (absent(&key), None),
     };
     let reported = lease == recovery::Lease::Lapsed && exit_reported(bus, turn, k).await;
     match recovery::judge_attempt(claim, lease, reported) {
@@ -255,14 +256,18 @@ async fn check_attempt_alive(
     // Move the fence first, and only if attempt k could still hold it: from here on nothing of
     // the lost attempt can land, so the count below is final. A record read before a later
     // attempt took the fence is stale, and changes nothing.
-    let runner_seq = match fence::lose(bus, turn, k).await? {
-        Losing::Fenced { runner_seq } => runner_seq,
+    let (runner_seq, fenced_at) = match fence::lose(bus, turn, k).await? {
+        Losing::Fenced { runner_seq, at } => (runner_seq, at),
         Losing::Stale { current } => {
             debug!(turn_id = %turn, attempt = k, current, "the fence belongs to a later attempt; this record was stale");
             return Ok(());
         }
     };
     info!(turn_id = %turn, attempt = k, chat_id = %record.chat, "runner lease lapsed: declared the attempt lost");
+    // Dated by the server, never by this host's clock: when its lease lapsed, or else when
+    // its fence was moved. The retry's due time follows from it, and a coordinator whose clock
+    // runs an hour fast must not hold the chat for an hour.
+    let lapsed_at = lapsed_at.unwrap_or(fenced_at);
     let replies = fence::landed(bus, &record.chat, turn, k, runner_seq).await?;
     let event = Event::Exited {
         attempt: k,

@@ -12,8 +12,8 @@ pub mod topology;
 pub use connect::{connect, describe_servers};
 pub use error::{dedup_in_process, lost_cas, persistence, BusError, Persistence};
 pub use publish::{
-    dead_letter, decode, decode_kv, encode_headers, header_str, now, publish, publish_inbound,
-    refuse, Publish,
+    dead_letter, dead_letter_message, decode, decode_kv, encode_headers, header_str, now, publish,
+    publish_inbound, refuse, skew_clock_for_tests, Publish,
 };
 
 use async_nats::jetstream::{self, kv, object_store};

@@ -105,7 +105,7 @@ pub(crate) async fn fence_out_and_count(
 ) -> Settled {
     use turnpike_store::fence::{self, Losing};
     match fence::lose(&inner.bus, turn, attempt).await {
-        Ok(Losing::Fenced { runner_seq }) => {
+        Ok(Losing::Fenced { runner_seq, .. }) => {
             match fence::landed(&inner.bus, chat, turn, attempt, runner_seq).await {
                 Ok(landed) => Settled::Landed(landed),
                 Err(e) => {

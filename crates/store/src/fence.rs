@@ -9,7 +9,7 @@ use turnpike_core::backoff::Backoff;
 use turnpike_core::fence::{self, FenceHolder, FenceMarker, Last};
 use turnpike_core::subjects;
 use turnpike_core::wire::{Landed, OutboundItem, OutboundKind};
-use turnpike_core::{ChatId, RunnerId, TurnId, FORMAT_VERSION};
+use turnpike_core::{ChatId, RunnerId, Timestamp, TurnId, FORMAT_VERSION};
 use turnpike_jetstream::{decode, Bus, BusError, Publish};
 
 /// Compare-and-set rounds before giving up: each lost round means another writer moved the
@@ -64,6 +64,18 @@ async fn at(bus: &Bus, turn: &TurnId, seq: u64) -> Result<Option<Last>, BusError
         Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => Ok(None),
         Err(e) => Err(BusError::kv(format!("read fence marker {seq}"), e)),
     }
+}
+
+/// When the message at `seq` was stored, by the server's clock.
+async fn stored_at(bus: &Bus, seq: u64) -> Result<Timestamp, BusError> {
+    let m = stream(bus)
+        .await?
+        .get_raw_message(seq)
+        .await
+        .map_err(|e| BusError::kv(format!("read fence marker {seq}"), e))?;
+    Ok(Timestamp::from_system_time(std::time::SystemTime::from(
+        m.time,
+    )))
 }
 
 /// Append `holder`'s marker if the fence's last sequence is still `expect`: `Ok(None)` if
@@ -159,8 +171,13 @@ pub async fn take(
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Losing {
     /// Nothing of the attempt can land from now on. `runner_seq`: its own marker, after which
-    /// its output lies (none: it never took the fence, so nothing of it landed).
-    Fenced { runner_seq: Option<u64> },
+    /// its output lies (none: it never took the fence, so nothing of it landed). `at`: when the
+    /// marker that fenced it out was stored, by the server's clock: the one time a loss with no
+    /// other trace is dated by.
+    Fenced {
+        runner_seq: Option<u64>,
+        at: Timestamp,
+    },
     /// A later attempt holds the fence: the caller's record is stale; change nothing.
     Stale { current: u32 },
 }
@@ -172,11 +189,9 @@ pub async fn lose(bus: &Bus, turn: &TurnId, attempt: u32) -> Result<Losing, BusE
         let last = last(bus, turn).await?;
         match fence::lose(last.as_ref(), attempt) {
             fence::Lose::Append { expect, runner_seq } => {
-                if append(bus, turn, attempt, FenceHolder::Lost, expect)
-                    .await?
-                    .is_some()
-                {
-                    return Ok(Losing::Fenced { runner_seq });
+                if let Some(seq) = append(bus, turn, attempt, FenceHolder::Lost, expect).await? {
+                    let at = stored_at(bus, seq).await?;
+                    return Ok(Losing::Fenced { runner_seq, at });
                 }
                 tokio::time::sleep(pauses.wait()).await;
             }
@@ -186,8 +201,14 @@ pub async fn lose(bus: &Bus, turn: &TurnId, attempt: u32) -> Result<Losing, BusE
                 } else {
                     at(bus, turn, replaces).await?
                 };
+                // Fenced out already: by the last marker, which `last` read.
+                let fenced_at = match &last {
+                    Some(l) => stored_at(bus, l.seq).await?,
+                    None => turnpike_jetstream::now(),
+                };
                 return Ok(Losing::Fenced {
                     runner_seq: fence::runner_seq(replaced.as_ref(), attempt),
+                    at: fenced_at,
                 });
             }
             fence::Lose::Stale { current } => return Ok(Losing::Stale { current }),

@@ -464,3 +464,54 @@ async fn an_attempt_without_a_lease_for_a_whole_lease_is_lost_and_its_lease_key_
     );
     p.stop().await;
 }
+
+/// Issue 32: a claim stored whose acknowledgement never came back (the connection dropped
+/// while it was on its way) is its writer's. async-nats's `create` reads the key back after
+/// a failed write and calls it "already exists"; taken for another runner's, the runner
+/// dropped the attempt it held, and the turn spent an attempt on nothing. The claim as
+/// stored decides: the same holder and token are ours; anyone else's stays theirs. (Fails
+/// with an existing claim taken for another's without reading whose it is.)
+#[tokio::test]
+async fn a_claim_whose_acknowledgement_was_lost_is_its_writers() {
+    use turnpike_core::wire::{ClaimHolder, ClaimRecord};
+    use turnpike_store::claims::{self, Created};
+    init_logs();
+    let f = Faulty::start(AGENT).await;
+    let cut_off = Bus::connect(&f.through_proxy(), "claimer")
+        .await
+        .expect("bus");
+    let direct = Bus::connect(&f.config, "observer").await.expect("bus");
+    let turn = TurnId::for_message(&ChatId::new("claims").expect("chat"), "m-1");
+    let claim = |token: &str| ClaimRecord {
+        v: 1,
+        turn: turn.clone(),
+        attempt: 1,
+        holder: ClaimHolder::Runner {
+            runner: turnpike_core::RunnerId::new("r-1").expect("id"),
+        },
+        at: turnpike_jetstream::now(),
+        token: Some(token.to_owned()),
+    };
+    f.proxy.hold_replies().await;
+    let mine = claim("delivery-1");
+    let creating = tokio::spawn(async move { claims::create(&cut_off, &mine).await });
+    let key = subjects::claim_key(&turn, 1);
+    eventually(T, "the claim stored", || async {
+        direct.claims.get(&key).await.ok().flatten()
+    })
+    .await;
+    // Its acknowledgement is lost with the connection; the client connects again.
+    f.proxy.cut();
+    f.proxy.release();
+    f.proxy.restore();
+    let created = tokio::time::timeout(T, creating)
+        .await
+        .expect("the create settles")
+        .expect("task");
+    assert_eq!(created.expect("create"), Created::Ours);
+    // The same runner handling another delivery of the attempt, or anyone else: not theirs.
+    let second = claims::create(&direct, &claim("delivery-2"))
+        .await
+        .expect("create");
+    assert!(matches!(second, Created::Held(_)), "{second:?}");
+}

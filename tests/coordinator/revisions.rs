@@ -200,6 +200,7 @@ async fn a_fast_attempts_start_and_exit_are_written_to_the_turn_record_at_once()
             runner: turnpike_core::RunnerId::new("r1").expect("id"),
         },
         at: turnpike_jetstream::now(),
+        token: None,
     };
     p.bus
         .claims

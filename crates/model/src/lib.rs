@@ -13,8 +13,8 @@
 //! Faults, within a budget per path: a runner crashes (its agent may be left running), a
 //! coordinator, the sweep, the ops service or the dispatcher crashes mid-way (its message comes
 //! back), a work item is delivered twice, a runner is cut off (its lease lapses; it stops its
-//! agent, as its lease deadline makes it), a publish's acknowledgement is lost, an exit report is
-//! lost. Not modelled: time (a schedule may fire, a lease of a dead or finished holder may
+//! agent, as its lease deadline makes it), a publish's acknowledgement is lost (a bot message's,
+//! or a claim's: the claim is stored, its runner reads it back), an exit report is lost. Not modelled: time (a schedule may fire, a lease of a dead or finished holder may
 //! lapse, at any moment; a lease not written yet may be judged absent for a whole lease, and a
 //! run without one has then stopped by its deadline), history text and attachments,
 //! deduplication windows (infinite here), the marker the sweep leaves on a lost attempt's lease
@@ -62,6 +62,10 @@ pub struct Bugs {
     /// A coordinator judges each event of a batch on the record as it read it, not on the one
     /// the event before left, and writes the last change (an update lost inside one write).
     pub batch_judged_on_the_read_record: bool,
+    /// A runner whose claim's acknowledgement was lost takes the claim it finds for another's
+    /// and drops the delivery (issue 32: async-nats reads its own write back as "already
+    /// exists").
+    pub lost_claim_ack_is_anothers: bool,
 }
 
 /// One deployment to check.
@@ -220,6 +224,7 @@ pub enum Action {
         msg: u8,
     },
     LoseAck(RunnerIx),
+    LoseClaimAck(RunnerIx),
     LoseReport(RunnerIx),
 }
 
@@ -231,6 +236,7 @@ impl Protocol {
             | Action::CrashProc(_)
             | Action::Redeliver { .. }
             | Action::LoseAck(_)
+            | Action::LoseClaimAck(_)
             | Action::LoseReport(_) => true,
             Action::Lapse { turn, attempt } => w
                 .leases
@@ -383,6 +389,12 @@ impl Protocol {
                         out.push(Action::LoseReport(r));
                     }
                 }
+                Runner::Claiming { .. } => {
+                    out.push(Action::Advance(r));
+                    if faults {
+                        out.push(Action::LoseClaimAck(r));
+                    }
+                }
                 _ => out.push(Action::Advance(r)),
             }
             if faults && !matches!(w.runners[r], Runner::Down { .. }) {
@@ -501,6 +513,7 @@ impl Protocol {
                 true
             }
             Action::LoseAck(r) => runner::lose_ack(&mut w, r),
+            Action::LoseClaimAck(r) => runner::lose_claim_ack(&mut w, r),
             Action::LoseReport(r) => runner::lose_report(&mut w, r),
         };
         done.then_some(w)

@@ -16,6 +16,7 @@ pub const ONE_NOTICE: &str = "at most one notice per turn";
 pub const OUTCOME_MATCHES_OUTPUT: &str = "the outcome says whether a bot message landed";
 pub const ATTEMPT_BUDGET: &str = "attempts within the budget, each started at most once";
 pub const CHAT_ORDER: &str = "a chat's turns start in arrival order, each after the previous ended";
+pub const NO_WALKING_AWAY: &str = "a runner never drops an attempt whose claim it just wrote";
 
 pub fn all() -> Vec<Property<Protocol>> {
     vec![
@@ -45,6 +46,9 @@ pub fn all() -> Vec<Property<Protocol>> {
             attempt_budget(m, w)
         }),
         Property::always(CHAT_ORDER, |_: &Protocol, w: &World| !w.ghost.out_of_order),
+        Property::always(NO_WALKING_AWAY, |_: &Protocol, w: &World| {
+            !w.ghost.walked_away
+        }),
         // Not vacuous:
         Property::sometimes("a retry's agent starts", |_: &Protocol, w: &World| {
             w.ghost.starts.keys().any(|(_, k)| *k > 1)
@@ -67,6 +71,14 @@ pub fn all() -> Vec<Property<Protocol>> {
                 .any(|m| m.holder == turnpike_core::fence::FenceHolder::Lost)
         }),
         Property::sometimes("every turn settles", |m: &Protocol, w: &World| m.settled(w)),
+        Property::sometimes(
+            "a claim's acknowledgement is lost",
+            |_: &Protocol, w: &World| {
+                w.runners
+                    .iter()
+                    .any(|r| matches!(r, Runner::ClaimUnsure { .. }))
+            },
+        ),
         Property::sometimes("two events written at once", |_: &Protocol, w: &World| {
             // A start and the exit of its attempt, applied in one write.
             w.procs.iter().any(|p| match &p.job {

@@ -49,6 +49,32 @@ pub(crate) fn advance(m: &Protocol, w: &mut World, r: RunnerIx) -> bool {
             }
             true
         }
+        // The claim's acknowledgement was lost: the claim as stored says whose it is. The one
+        // this runner wrote (same runner, same delivery) is its own (runner/src/claim.rs,
+        // store claims::create).
+        Runner::ClaimUnsure {
+            msg,
+            turn,
+            attempt,
+            stop,
+        } => {
+            let ours = w.claims.get(&(turn, attempt)) == Some(&Claim::Runner(r));
+            if ours && !m.bugs.lost_claim_ack_is_anothers {
+                w.runners[r] = Runner::Fencing {
+                    msg,
+                    turn,
+                    attempt,
+                    stop,
+                };
+            } else {
+                if ours {
+                    w.ghost.walked_away = true;
+                }
+                w.ack_work(msg);
+                w.runners[r] = Runner::Idle;
+            }
+            true
+        }
         Runner::Fencing {
             msg,
             turn,
@@ -392,6 +418,24 @@ pub(crate) fn lose_ack(w: &mut World, r: RunnerIx) -> bool {
     // The runner gave up on the acknowledgement; the message may still land.
     run.awaiting = false;
     run.uncertain = true;
+    true
+}
+
+/// The claim is stored, but its runner does not hear so (a lost acknowledgement).
+pub(crate) fn lose_claim_ack(w: &mut World, r: RunnerIx) -> bool {
+    let Runner::Claiming { msg, turn, attempt } = w.runners[r] else {
+        return false;
+    };
+    if w.claims.contains_key(&(turn, attempt)) {
+        return false;
+    }
+    w.claims.insert((turn, attempt), Claim::Runner(r));
+    w.runners[r] = Runner::ClaimUnsure {
+        msg,
+        turn,
+        attempt,
+        stop: None,
+    };
     true
 }
 

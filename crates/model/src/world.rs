@@ -130,6 +130,14 @@ pub enum Runner {
         turn: Turn,
         attempt: Attempt,
     },
+    /// Wrote its claim and did not hear it stored (the acknowledgement was lost): about to read
+    /// the claim to learn whose it is. The deadline runs from the claim already (`stop`).
+    ClaimUnsure {
+        msg: u8,
+        turn: Turn,
+        attempt: Attempt,
+        stop: Option<turnpike_core::exit::StopReason>,
+    },
     /// Claimed; about to take the fence. The run's lease deadline runs from the claim (its
     /// `stop`, requested before the agent exists, keeps the agent from ever starting).
     Fencing {
@@ -174,6 +182,7 @@ impl Runner {
         match self {
             Runner::Idle | Runner::Down { .. } => None,
             Runner::Claiming { turn, attempt, .. }
+            | Runner::ClaimUnsure { turn, attempt, .. }
             | Runner::Fencing { turn, attempt, .. }
             | Runner::Reporting { turn, attempt, .. } => Some((*turn, *attempt)),
             Runner::Running(r) => Some((r.turn, r.attempt)),
@@ -181,7 +190,9 @@ impl Runner {
     }
     pub fn work_msg(&self) -> Option<u8> {
         match self {
-            Runner::Claiming { msg, .. } | Runner::Fencing { msg, .. } => Some(*msg),
+            Runner::Claiming { msg, .. }
+            | Runner::ClaimUnsure { msg, .. }
+            | Runner::Fencing { msg, .. } => Some(*msg),
             _ => None,
         }
     }
@@ -286,6 +297,9 @@ pub struct Ghost {
     pub bad_landing: Option<&'static str>,
     /// The first terminal state each turn reached.
     pub ended: BTreeMap<Turn, TurnState>,
+    /// A runner let go of a delivery whose attempt it had just claimed itself (its claim's
+    /// acknowledgement lost): an attempt nobody runs, which costs its turn an attempt.
+    pub walked_away: bool,
     /// A turn was admitted while an earlier turn of its chat had not ended.
     pub out_of_order: bool,
     /// Faults still allowed on this path.

@@ -32,7 +32,7 @@ fn stuck(m: &Protocol) -> Option<usize> {
     liveness::check(m).stuck.map(|p| p.len())
 }
 
-const SAFETY: [&str; 8] = [
+const SAFETY: [&str; 9] = [
     ONE_LIVE_AGENT,
     NO_STRAY_OUTPUT,
     NO_RETRY_AFTER_REPLY,
@@ -41,6 +41,7 @@ const SAFETY: [&str; 8] = [
     OUTCOME_MATCHES_OUTPUT,
     ATTEMPT_BUDGET,
     CHAT_ORDER,
+    NO_WALKING_AWAY,
 ];
 
 /// Holds everything, and reaches the `expect`ed examples (so it is not vacuous).
@@ -114,11 +115,19 @@ const EVERY_OUTCOME: [&str; 4] = [
 
 #[test]
 fn one_turn_with_one_fault_anywhere() {
-    // A runner, coordinator, sweep or dispatcher crash, a lost acknowledgement or exit report,
-    // a duplicated work message, or a runner cut off from its lease: each at any step.
+    // A runner, coordinator, sweep or dispatcher crash, a lost acknowledgement (of a bot
+    // message or of a claim) or exit report, a duplicated work message, or a runner cut off
+    // from its lease: each at any step.
     holds(
         one_turn_one_fault(),
-        &[&EVERY_OUTCOME[..], &["an attempt is declared lost"]].concat(),
+        &[
+            &EVERY_OUTCOME[..],
+            &[
+                "an attempt is declared lost",
+                "a claim's acknowledgement is lost",
+            ],
+        ]
+        .concat(),
     );
 }
 
@@ -294,6 +303,17 @@ fn taking_an_attempt_with_no_lease_yet_for_lost_runs_two_agents() {
     caught(
         two_runners_sweep_and_retry_early().with(bug(|b| b.absent_lease_lost_at_once = true)),
         Some(ONE_LIVE_AGENT),
+    );
+}
+
+#[test]
+fn a_claim_whose_acknowledgement_was_lost_taken_for_anothers_is_never_run() {
+    // Issue 32: async-nats reads a claim whose acknowledgement it lost back as "already
+    // exists". Taken for another runner's, the runner drops the delivery of the attempt it
+    // holds: nobody runs it until the sweep calls it lost, and the turn spends an attempt.
+    caught(
+        one_turn_one_fault().with(bug(|b| b.lost_claim_ack_is_anothers = true)),
+        Some(NO_WALKING_AWAY),
     );
 }
 

@@ -3,15 +3,13 @@
 //! one of this runner's attempts out to settle what it landed.
 
 use crate::Inner;
-use async_nats::jetstream::kv::CreateErrorKind;
 use async_nats::jetstream::AckKind;
-use bytes::Bytes;
 use std::time::Duration;
 use tracing::{debug, info, warn};
-use turnpike_core::subjects;
 use turnpike_core::wire::{ClaimHolder, ClaimRecord, ExitReport, WorkItem};
 use turnpike_core::FORMAT_VERSION;
 use turnpike_jetstream::now;
+use turnpike_store::claims::Created;
 
 /// Claim the attempt; `true` when it is ours. Otherwise the delivery has been answered (dropped
 /// as a duplicate, or handed back to be delivered again). The lease comes a heartbeat later, from
@@ -21,7 +19,6 @@ pub(crate) async fn take(
     msg: &async_nats::jetstream::Message,
     work: &WorkItem,
 ) -> bool {
-    let bus = &inner.bus;
     // Claim: exactly one runner runs an attempt, however often its work item is delivered.
     let claim = ClaimRecord {
         v: FORMAT_VERSION,
@@ -31,24 +28,11 @@ pub(crate) async fn take(
             runner: inner.id.clone(),
         },
         at: now(),
+        token: Some(token()),
     };
-    let claim_bytes = match bus.codec.encode(&claim) {
-        Ok(b) => Bytes::from(b),
-        Err(e) => {
-            warn!(error = %e, "cannot encode claim");
-            let _ = msg
-                .ack_with(AckKind::Nak(Some(Duration::from_secs(1))))
-                .await;
-            return false;
-        }
-    };
-    match bus
-        .claims
-        .create(subjects::claim_key(&work.turn, work.attempt), claim_bytes)
-        .await
-    {
-        Ok(_) => true,
-        Err(e) if e.kind() == CreateErrorKind::AlreadyExists => {
+    match turnpike_store::claims::create(&inner.bus, &claim).await {
+        Ok(Created::Ours) => true,
+        Ok(Created::Held(_)) => {
             info!("attempt already claimed (or cancelled); dropping this delivery");
             let _ = msg.double_ack().await;
             false
@@ -61,6 +45,21 @@ pub(crate) async fn take(
             false
         }
     }
+}
+
+/// A token unique to one handling of a delivery: this process, and a counter.
+fn token() -> String {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    static PROCESS: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    let process = PROCESS.get_or_init(|| {
+        let started = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or_default();
+        format!("{}-{started:x}", std::process::id())
+    });
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    format!("{process}-{n}")
 }
 
 /// A publish whose outcome is unknown may still land: fence the attempt out first (nothing of it

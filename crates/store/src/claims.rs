@@ -47,6 +47,40 @@ pub async fn last_value(bus: &Bus, bucket: &str, key: &str) -> Result<Option<KvL
     }
 }
 
+/// What creating a claim came to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Created {
+    /// The claim is the one given: this caller holds the attempt.
+    Ours,
+    /// Someone else's claim was there first (a runner, or a cancellation).
+    Held(ClaimRecord),
+}
+
+/// Create `claim`, unless the attempt is claimed already. A create whose outcome is unknown (a
+/// time-out, a connection lost before the acknowledgement) is settled by reading the claim back
+/// from the stream leader: the claim as stored says whose it is. async-nats does a read of its
+/// own after a failed create and calls the key "already existing" even when the write was ours,
+/// so an existing key is never taken for another's without looking at who holds it.
+pub async fn create(bus: &Bus, claim: &ClaimRecord) -> Result<Created, BusError> {
+    let key = subjects::claim_key(&claim.turn, claim.attempt);
+    let value = Bytes::from(bus.codec.encode(claim)?);
+    let failed = match bus.claims.create(&key, value).await {
+        Ok(_) => return Ok(Created::Ours),
+        Err(e) => e,
+    };
+    let last = last_value(bus, subjects::BUCKET_CLAIMS, &key).await?;
+    match last.and_then(|l| l.value) {
+        Some(v) => match decode_kv::<ClaimRecord>(&v) {
+            Ok(stored) if claim.is_same_claim(&stored) => Ok(Created::Ours),
+            Ok(stored) => Ok(Created::Held(stored)),
+            // Made by someone, unreadable: not ours.
+            Err(e) => Err(BusError::kv(format!("read claim {key}"), e)),
+        },
+        // Not stored (yet): the create failed; the caller tries again later.
+        None => Err(BusError::kv(format!("create claim {key}"), failed)),
+    }
+}
+
 /// Who holds the claim of `attempt`, if anyone does.
 pub async fn holder(
     bus: &Bus,

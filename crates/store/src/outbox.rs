@@ -8,7 +8,6 @@
 //! index saying its effects were carried out (the sweep reads only listed turns).
 
 use crate::turns::{apply_event_from, Applied, ApplyError, Versioned};
-use async_nats::jetstream::kv::CreateErrorKind;
 use bytes::Bytes;
 use tracing::{debug, warn};
 use turnpike_core::lifecycle::{Effect, Event, Unchanged};
@@ -298,19 +297,17 @@ async fn execute_own(
                 attempt: *attempt,
                 holder: ClaimHolder::Cancelled,
                 at: now(),
+                token: None,
             };
-            let claimed = match bus
-                .claims
-                .create(
-                    subjects::claim_key(turn, *attempt),
-                    Bytes::from(bus.codec.encode(&claim)?),
-                )
-                .await
-            {
-                Ok(_) => false,
-                Err(e) if e.kind() == CreateErrorKind::AlreadyExists => true,
-                Err(e) => return Err(BusError::kv(format!("cancel claim {turn}.{attempt}"), e)),
-            };
+            // A cancellation found cancelled already (its own, written before a crash, or
+            // another's) is as good as one written now.
+            let claimed = matches!(
+                crate::claims::create(bus, &claim).await?,
+                crate::claims::Created::Held(ClaimRecord {
+                    holder: ClaimHolder::Runner { .. },
+                    ..
+                })
+            );
             // A runner may hold the claim already, before or after taking the fence: the fence
             // move stops it either way (it takes the fence by compare-and-set).
             crate::fence::kill(bus, turn, *attempt, killed_by(record)).await?;

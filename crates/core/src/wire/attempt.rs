@@ -400,6 +400,22 @@ pub struct ClaimRecord {
     pub attempt: u32,
     pub holder: ClaimHolder,
     pub at: Timestamp,
+    /// Unique to the one handling of a work delivery that wrote it: a claim whose
+    /// acknowledgement was lost is read back, and it is this handling's own only if the token
+    /// is its own (the same runner handling a second delivery of the attempt is not).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token: Option<String>,
+}
+
+impl ClaimRecord {
+    /// Is `stored` the claim this one is, written by the same hand?
+    pub fn is_same_claim(&self, stored: &ClaimRecord) -> bool {
+        self.turn == stored.turn
+            && self.attempt == stored.attempt
+            && self.holder == stored.holder
+            && self.token.is_some()
+            && self.token == stored.token
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]

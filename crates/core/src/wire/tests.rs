@@ -196,6 +196,7 @@ fn every_message_round_trips_in_both_codecs() {
             attempt: 1,
             holder,
             at,
+            token: Some("p-1".into()),
         });
     }
     round_trip(RunnerPresence {

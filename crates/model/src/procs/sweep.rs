@@ -132,6 +132,12 @@ pub(super) fn judge_attempt(
                         attempt,
                         stop,
                         ..
+                    }
+                    | Runner::ClaimUnsure {
+                        turn,
+                        attempt,
+                        stop,
+                        ..
                     } if (*turn, *attempt) == key => {
                         stop.get_or_insert(StopReason::LeaseLost);
                     }

@@ -515,3 +515,47 @@ async fn a_claim_whose_acknowledgement_was_lost_is_its_writers() {
         .expect("create");
     assert!(matches!(second, Created::Held(_)), "{second:?}");
 }
+
+/// Issue 32: a turn waiting (in its chat's queue, or for a runner) never expires from the turns
+/// bucket while it waits; only an ended turn's record is kept just `retention_turns`. Here the
+/// retention is two seconds and no runner comes for longer: both turns still run, in order,
+/// once one does. (Failed with the bucket's age limit: the records went, and the chat with
+/// them.)
+#[tokio::test]
+async fn turns_waiting_longer_than_the_retention_still_run_and_then_expire() {
+    init_logs();
+    let server = turnpike_testkit::NatsServer::start();
+    let mut config = test_config(&server, AGENT);
+    config.retention_turns = Duration::from_secs(2);
+    let p = Pipeline::start_on(server, config, 0, true).await;
+    let first = send(&p.bus, "patient", "p1", "reply:first").await;
+    let second = send(&p.bus, "patient", "p2", "reply:second").await;
+    wait_state(&p.bus, &second, TurnState::Waiting).await;
+    // Past the retention several times over, with nothing to run them.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let runner = start_runner(&p.config).await;
+    for t in [&first, &second] {
+        assert_eq!(wait_ended(&p.bus, t, T).await.state, TurnState::Done);
+    }
+    let texts: Vec<String> = visible_items(&p.bus, "patient")
+        .await
+        .into_iter()
+        .map(|i| i.text)
+        .collect();
+    assert_eq!(texts, ["first", "second"]);
+    // Ended, they are kept only the retention.
+    eventually(T, "the ended records to expire", || async {
+        let gone = turnpike_store::turns::load(&p.bus, &first)
+            .await
+            .ok()?
+            .is_none()
+            && turnpike_store::turns::load(&p.bus, &second)
+                .await
+                .ok()?
+                .is_none();
+        gone.then_some(())
+    })
+    .await;
+    runner.stop().await;
+    p.stop().await;
+}

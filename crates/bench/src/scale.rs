@@ -74,7 +74,7 @@ pub async fn scale(out: &mut String) -> Result<()> {
         out,
         "\nCPU is the coordinator process's own (user + system, 10 ms ticks) over {live_turns} turns, divided by \
 their {} runner events; {} bursts per size, one coordinator, the median and the range. It does not grow with the stored turns: the sweep reads only the live index. \
-Storage stays bounded by `retention_turns` (KV max age) with one revision per key.",
+Storage stays bounded by `retention_turns` (each ended record's TTL) with one revision per key.",
         3 * live_turns,
         crate::ROUNDS
     )?;

@@ -185,14 +185,16 @@ pub struct Config {
     pub event_batch_wait: Duration,
 
     // --- Retention (storage stays bounded) ----------------------------------------------------
-    /// Turn records (live and finished), claims, leases and work items are kept this long after
-    /// their last update.
+    /// Ended turns' records, claims and work items are kept this long after their last write. A
+    /// turn that has not ended is kept however long it waits (its record has no TTL until it
+    /// ends). Longer than the longest run (`run_timeout` + `stop_grace` + `lease`).
     #[serde(with = "units::duration")]
     pub retention_turns: Duration,
     /// Runner events and runner presence.
     #[serde(with = "units::duration")]
     pub retention_events: Duration,
-    /// Inbound and outbound chat streams, and chat records.
+    /// Inbound and outbound chat streams, and chat records once idle (a chat with a live or
+    /// waiting turn is kept however long that takes).
     #[serde(with = "units::duration")]
     pub retention_chat: Duration,
     /// Attachments in the object store.

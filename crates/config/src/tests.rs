@@ -286,6 +286,14 @@ fn unsafe_container_settings_and_unfitting_limits_are_refused() {
         },
         "attempt_bytes_max",
     );
+    // A running attempt's claim must outlive its run.
+    refused(
+        Config {
+            retention_turns: Duration::from_secs(1800),
+            ..Config::default()
+        },
+        "retention_turns",
+    );
     for (key, c) in [
         (
             "attempt_messages_max",

@@ -208,6 +208,18 @@ impl Config {
                 "must be a positive number",
             ));
         }
+        // An attempt's claim (kept retention_turns) must outlive the longest run.
+        let longest_run = self.run_timeout + self.stop_grace + self.lease;
+        if self.retention_turns <= longest_run {
+            return Err(invalid(
+                "retention_turns",
+                humantime::format_duration(self.retention_turns).to_string(),
+                &format!(
+                    "must be longer than the longest run (run_timeout + stop_grace + lease = {})",
+                    humantime::format_duration(longest_run)
+                ),
+            ));
+        }
         // A turn's notice is sent once because its dedup id holds for this long. Whoever carries
         // out an ended turn's effects first checks that the turn is still listed as owing them;
         // the window must outlast the few requests (each up to the 10 s request time-out)

@@ -12,8 +12,8 @@ pub mod topology;
 pub use connect::{connect, describe_servers};
 pub use error::{dedup_in_process, lost_cas, persistence, BusError, Persistence};
 pub use publish::{
-    dead_letter, dead_letter_message, decode, decode_kv, encode_headers, header_str, now, publish,
-    publish_inbound, refuse, skew_clock_for_tests, Publish,
+    dead_letter, dead_letter_message, decode, decode_kv, encode_headers, header_str, kv_put, now,
+    publish, publish_inbound, refuse, skew_clock_for_tests, ttl_secs, Publish,
 };
 
 use async_nats::jetstream::{self, kv, object_store};
@@ -50,6 +50,17 @@ pub struct Bus {
     pub history: turnpike_core::history::Budget,
     /// Turns a chat may have waiting (`chat_queue_max`).
     pub chat_queue: usize,
+    /// How long an ended turn's record (`retention_turns`), and an idle chat's record
+    /// (`retention_chat`), are kept after their last write: their own TTL, so that a turn or a
+    /// chat still waiting never expires.
+    pub keep: Keep,
+}
+
+/// How long records are kept once nothing waits on them.
+#[derive(Debug, Clone, Copy)]
+pub struct Keep {
+    pub ended_turns: std::time::Duration,
+    pub idle_chats: std::time::Duration,
 }
 
 impl Bus {
@@ -117,6 +128,10 @@ impl Bus {
                 bytes: config.history_max_bytes.0 as usize,
             },
             chat_queue: config.chat_queue_max,
+            keep: Keep {
+                ended_turns: config.retention_turns,
+                idle_chats: config.retention_chat,
+            },
             client,
             js,
         })

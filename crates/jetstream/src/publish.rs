@@ -89,6 +89,15 @@ impl Publish {
         })
     }
 
+    /// A payload already encoded, with no headers of its own (a KV value).
+    pub fn bytes(subject: impl Into<String>, payload: Bytes) -> Self {
+        Publish {
+            subject: async_nats::Subject::from(subject.into()),
+            headers: HeaderMap::new(),
+            payload,
+        }
+    }
+
     /// JetStream dedup: a second publish with this id inside the duplicate window is dropped.
     pub fn msg_id(mut self, id: &str) -> Self {
         self.headers.insert(header::NATS_MESSAGE_ID, id);
@@ -163,6 +172,36 @@ impl Publish {
             }
         })
     }
+}
+
+/// Write `value` under `key` in KV bucket `bucket` by hand (a KV write is a publish on
+/// `$KV.<bucket>.<key>`): only if the key's last revision is still `expect` (`Some(0)`: no
+/// message on it at all), and expiring `ttl` after this write if given (the bucket must allow
+/// per-message TTLs), which no async-nats KV call can do. A lost compare-and-set is
+/// [`BusError::Fenced`]. Returns the new revision.
+pub async fn kv_put(
+    js: &Context,
+    bucket: &str,
+    key: &str,
+    value: Bytes,
+    expect: Option<u64>,
+    ttl: Option<Duration>,
+) -> Result<u64, BusError> {
+    let subject = format!("$KV.{bucket}.{key}");
+    let mut publish = Publish::bytes(subject.clone(), value);
+    if let Some(ttl) = ttl {
+        publish = publish.header("Nats-TTL", &ttl_secs(ttl));
+    }
+    if let Some(seq) = expect {
+        publish = publish.expect_last_on(&subject, seq);
+    }
+    Ok(publish.send(js).await?.sequence)
+}
+
+/// The TTL header takes whole seconds; round up, so nothing lasts less than configured.
+pub fn ttl_secs(d: Duration) -> String {
+    let secs = d.as_millis().div_ceil(1000).max(1);
+    format!("{secs}s")
 }
 
 /// The scheduler takes RFC 3339 in UTC; it honours fractions of a second.

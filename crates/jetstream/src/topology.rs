@@ -18,6 +18,10 @@ enum Retention {
     DeadLetters,
     Turns,
     Attachments,
+    /// No age limit on the stream: each key's writer gives it a TTL once nothing waits on it
+    /// (an ended turn's record, an idle chat's, an ended turn's place in the live index), so
+    /// what is still waiting never expires, however long it waits.
+    PerKey,
 }
 
 impl Retention {
@@ -28,6 +32,7 @@ impl Retention {
             Retention::Events => c.retention_events,
             Retention::DeadLetters => c.retention_dead_letters,
             Retention::Attachments => c.retention_attachments,
+            Retention::PerKey => Duration::ZERO,
         }
     }
 }
@@ -78,11 +83,11 @@ pub const STREAM_FILES: [StreamFile; 12] = [
     stream_file!("TURNPIKE_WORK", Retention::Work),
     stream_file!("TURNPIKE_EVENTS", Retention::Events),
     stream_file!("TURNPIKE_DEAD", Retention::DeadLetters),
-    stream_file!("KV_turnpike_turns", Retention::Turns),
-    stream_file!("KV_turnpike_chats", Retention::Chat),
+    stream_file!("KV_turnpike_turns", Retention::PerKey),
+    stream_file!("KV_turnpike_chats", Retention::PerKey),
     stream_file!("KV_turnpike_claims", Retention::Turns),
     stream_file!("KV_turnpike_leases", Retention::Turns),
-    stream_file!("KV_turnpike_live", Retention::Turns),
+    stream_file!("KV_turnpike_live", Retention::PerKey),
     stream_file!("KV_turnpike_runners", Retention::Events),
     stream_file!("OBJ_turnpike_attachments", Retention::Attachments),
 ];
@@ -177,9 +182,16 @@ mod tests {
         };
         let streams = stream_configs(&config).expect("definitions parse");
         assert_eq!(streams.len(), STREAM_FILES.len());
+        // Bounded storage: by age, or (what may wait for a long time: live turns, their chats)
+        // by a TTL each key is given once nothing waits on it.
+        let per_key = ["KV_turnpike_turns", "KV_turnpike_chats", "KV_turnpike_live"];
         for s in &streams {
             assert_eq!(s.num_replicas, 3, "{}", s.name);
-            assert!(!s.max_age.is_zero(), "{} has bounded storage", s.name);
+            if per_key.contains(&s.name.as_str()) {
+                assert!(s.max_age.is_zero() && s.allow_message_ttl, "{}", s.name);
+            } else {
+                assert!(!s.max_age.is_zero(), "{} has bounded storage", s.name);
+            }
         }
         let events = streams
             .iter()

@@ -14,17 +14,6 @@ use turnpike_core::{subjects, TurnId};
 use turnpike_jetstream::BusError;
 use turnpike_store::claims;
 
-/// The raw subject of a key: KV puts are publishes, and only a raw publish carries `Nats-TTL`.
-fn kv_subject(bucket: &str, key: &str) -> String {
-    format!("$KV.{bucket}.{key}")
-}
-
-/// The TTL header takes whole seconds; round up so a lease never lasts less than configured.
-fn ttl_secs(d: Duration) -> String {
-    let secs = d.as_millis().div_ceil(1000).max(1);
-    format!("{secs}s")
-}
-
 /// Put `value` under `key` in a TTL bucket, expiring after `ttl` unless renewed; with
 /// `expect`, only if the key's last sequence is still that one. Returns the new sequence.
 pub(crate) async fn put_with_ttl(
@@ -35,33 +24,7 @@ pub(crate) async fn put_with_ttl(
     value: Bytes,
     expect: Option<u64>,
 ) -> Result<u64, BusError> {
-    let subject = kv_subject(bucket, key);
-    let mut headers = async_nats::HeaderMap::new();
-    headers.insert("Nats-TTL", ttl_secs(ttl).as_str());
-    if let Some(seq) = expect {
-        headers.insert(
-            async_nats::header::NATS_EXPECTED_LAST_SUBJECT_SEQUENCE,
-            seq.to_string().as_str(),
-        );
-    }
-    let ack = inner
-        .bus
-        .js
-        .publish_with_headers(subject.clone(), headers, value)
-        .await
-        .map_err(|e| BusError::publish(&subject, e))?
-        .await
-        .map_err(|e| {
-            use async_nats::jetstream::context::PublishErrorKind;
-            if e.kind() == PublishErrorKind::WrongLastSequence || turnpike_jetstream::lost_cas(&e) {
-                BusError::Fenced {
-                    subject: subject.clone(),
-                }
-            } else {
-                BusError::publish(&subject, e)
-            }
-        })?;
-    Ok(ack.sequence)
+    turnpike_jetstream::kv_put(&inner.bus.js, bucket, key, value, expect, Some(ttl)).await
 }
 
 /// `Some(seq)` if the lease key's last value is still our live lease (a write whose ack we
@@ -189,6 +152,7 @@ mod tests {
 
     #[test]
     fn ttl_rounds_up_to_whole_seconds() {
+        use turnpike_jetstream::ttl_secs;
         assert_eq!(ttl_secs(Duration::from_millis(1500)), "2s");
         assert_eq!(ttl_secs(Duration::from_secs(15)), "15s");
         assert_eq!(ttl_secs(Duration::from_millis(10)), "1s");

@@ -163,6 +163,23 @@ async fn write_value(
     let permanent = |e: &(dyn std::error::Error + 'static)| {
         turnpike_jetstream::persistence(e) == turnpike_jetstream::Persistence::Permanent
     };
+    // A chat nothing waits on is kept `retention_chat` after this write; one with a live or a
+    // waiting turn has no TTL (the bucket has no age limit), so it never expires under them.
+    if record.live.is_none() && record.waiting.is_empty() {
+        return turnpike_jetstream::kv_put(
+            &bus.js,
+            subjects::BUCKET_CHATS,
+            key,
+            value,
+            Some(revision.unwrap_or(0)),
+            Some(bus.keep.idle_chats),
+        )
+        .await
+        .map_err(|e| match e {
+            BusError::Fenced { .. } => (true, e.to_string(), false),
+            e => (false, e.to_string(), !e.is_transient()),
+        });
+    }
     match revision {
         Some(rev) => bus.chats.update(key, value, rev).await.map_err(|e| {
             (

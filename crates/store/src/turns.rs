@@ -183,6 +183,42 @@ pub async fn create_in_chat(
     Ok((current, created))
 }
 
+/// Write `record` if the turn is still at `revision`: its new revision, or `None` if another
+/// writer was first. An ended turn's record is written with a TTL of `retention_turns`; until
+/// then it has none (the bucket has no age limit), so a turn waiting in its chat, however long,
+/// never expires while it waits.
+async fn write(bus: &Bus, record: &TurnRecord, revision: u64) -> Result<Option<u64>, BusError> {
+    let turn = &record.turn;
+    let value = encode(bus, record)?;
+    let written = if record.state.is_terminal() {
+        turnpike_jetstream::kv_put(
+            &bus.js,
+            turnpike_core::subjects::BUCKET_TURNS,
+            turn.as_str(),
+            value,
+            Some(revision),
+            Some(bus.keep.ended_turns),
+        )
+        .await
+    } else {
+        match bus.turns.update(turn.as_str(), value, revision).await {
+            Ok(r) => Ok(r),
+            Err(e)
+                if e.kind() == UpdateErrorKind::WrongLastRevision
+                    || turnpike_jetstream::lost_cas(&e) =>
+            {
+                return Ok(None)
+            }
+            Err(e) => Err(BusError::kv(format!("update turn {turn}"), e)),
+        }
+    };
+    match written {
+        Ok(r) => Ok(Some(r)),
+        Err(BusError::Fenced { .. }) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
 /// End a turn that cannot go on because a step failed in a way no retry changes (a payload
 /// NATS refuses, a queue that is full): [`Event::Abandoned`] (failed, the plain notice, the chat
 /// flagged, the reason kept), and its effects carried out. If the record itself no longer fits
@@ -236,19 +272,8 @@ async fn compact(bus: &Bus, turn: &TurnId) -> Result<(), ApplyError> {
             .await?
             .ok_or_else(|| ApplyError::UnknownTurn(turn.clone()))?;
         let small = current.record.compacted();
-        match bus
-            .turns
-            .update(turn.as_str(), encode(bus, &small)?, current.revision)
-            .await
-        {
-            Ok(_) => return Ok(()),
-            Err(e)
-                if e.kind() == UpdateErrorKind::WrongLastRevision
-                    || turnpike_jetstream::lost_cas(&e) =>
-            {
-                continue
-            }
-            Err(e) => return Err(BusError::kv(format!("compact turn {turn}"), e).into()),
+        if write(bus, &small, current.revision).await?.is_some() {
+            return Ok(());
         }
     }
     Err(BusError::kv(format!("compact turn {turn}"), "still conflicting").into())
@@ -351,12 +376,8 @@ pub async fn apply_events_from(
                 outcomes: batch.outcomes,
             });
         };
-        match bus
-            .turns
-            .update(turn.as_str(), encode(bus, &record)?, current.revision)
-            .await
-        {
-            Ok(revision) => {
+        match write(bus, &record, current.revision).await? {
+            Some(revision) => {
                 return Ok(AppliedBatch {
                     outcomes: batch.outcomes,
                     applied: Some(Applied::Changed {
@@ -365,14 +386,10 @@ pub async fn apply_events_from(
                     }),
                 })
             }
-            Err(e)
-                if e.kind() == UpdateErrorKind::WrongLastRevision
-                    || turnpike_jetstream::lost_cas(&e) =>
-            {
+            None => {
                 debug!(%turn, "turn record changed under us; re-reading");
                 continue;
             }
-            Err(e) => return Err(BusError::kv(format!("update turn {turn}"), e).into()),
         }
     }
     Err(BusError::kv(

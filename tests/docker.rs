@@ -536,3 +536,108 @@ async fn a_run_stopped_before_its_container_starts_never_starts_it() {
         "the created container was left behind"
     );
 }
+
+/// Issue 32: a wait for the container that ends without an exit (the engine restarted, the
+/// socket dropped, a time-out) was taken for one: the engine reports exit code 0 for a
+/// container still running, and the live run was reported clean (a silent turn, its reply
+/// lost). The engine is asked whether the container still runs, and it is waited for again.
+#[tokio::test]
+async fn a_wait_that_ends_without_an_exit_is_waited_again() {
+    init_logs();
+    let proxy = turnpike_testkit::DockerProxy::start().await;
+    proxy.drop_answers("/wait", 1);
+    let host = proxy.host();
+    let (record, items) = run_one("dt-wait", "sleep:3", |c| c.docker_host = Some(host)).await;
+    assert_eq!(record.state, TurnState::Done, "{record:#?}");
+    assert_eq!(class(&record, 0), ExitClass::Clean);
+    assert_eq!(record.attempts.len(), 1);
+    assert_eq!(
+        items.iter().map(|i| i.text.as_str()).collect::<Vec<_>>(),
+        ["slept 3s"]
+    );
+}
+
+/// Issue 32: a start whose answer the engine never gave (cut off by a time-out) may still
+/// start the container; if it cannot be removed then, it runs on beside the retry with nobody
+/// reading it. After any engine failure the attempt's containers are looked for by their labels
+/// and removed, and what is left the runner's reaper removes once the engine answers again.
+#[tokio::test]
+async fn a_container_whose_start_lost_its_answer_is_removed_not_left_running() {
+    let runner_id = "dt-start";
+    let proxy = turnpike_testkit::DockerProxy::start().await;
+    proxy.drop_answers("/start", 1);
+    // Removals fail while the engine misbehaves.
+    proxy.refuse_all("DELETE /");
+    let server = NatsServer::start();
+    let config = Config {
+        docker_host: Some(proxy.host()),
+        max_turn_retry: 2,
+        ..docker_config(&server, runner_id)
+    };
+    let roles = [
+        start_dispatcher(&config).await,
+        start_coordinator(&config).await,
+        start_runner(&config).await,
+    ];
+    let bus = Bus::connect(&config, "test").await.expect("bus");
+    // Attempt 1 hangs if it ever runs; attempt 2 replies.
+    let turn = send(&bus, runner_id, "m-1", "hang-until:2").await;
+    let record = wait_ended(&bus, &turn, T).await;
+    assert_eq!(record.state, TurnState::Done, "{record:#?}");
+    assert_eq!(class(&record, 0), ExitClass::EngineError);
+    let first = |c: &bollard::models::ContainerSummary| {
+        c.labels
+            .as_ref()
+            .and_then(|l| l.get("turnpike.attempt"))
+            .map(String::as_str)
+            == Some("1")
+    };
+    let left: Vec<_> = runner_containers(&docker().await, runner_id).await;
+    assert!(
+        left.iter().any(first),
+        "attempt 1's container is left (the engine would not remove it)"
+    );
+    proxy.heal();
+    eventually(T, "the runner to remove what it left", || async {
+        containers_of(runner_id).await.is_empty().then_some(())
+    })
+    .await;
+    for r in roles {
+        r.stop().await;
+    }
+}
+
+/// Issue 32: the containers of a runner that never comes back (removed for good) are removed
+/// on their host by another runner of the deployment, once that runner's presence has lapsed
+/// and their attempt holds no live lease.
+#[tokio::test]
+async fn a_gone_runners_containers_are_reaped_by_another_runner_on_the_host() {
+    let (_server, config, roles, bus) = docker_stack("dt-reaper", false).await;
+    let gone = Config {
+        runner_id: Some("dt-gone".into()),
+        ..config.clone()
+    };
+    let mut runner = RoleProcess::start(env!("CARGO_BIN_EXE_test-role"), "runner", &gone);
+    let turn = send(&bus, "dt-gone", "m-1", "hang").await;
+    wait_state(&bus, &turn, TurnState::Running).await;
+    eventually(T, "its container", || async {
+        (!containers_of("dt-gone").await.is_empty()).then_some(())
+    })
+    .await;
+    // It dies, and never comes back; its attempt is declared lost (max_turn_retry 1: it ends).
+    runner.kill9();
+    wait_ended(&bus, &turn, T).await;
+    let survivor = start_runner(&Config {
+        runner_id: Some("dt-reaper".into()),
+        ..config.clone()
+    })
+    .await;
+    eventually(T, "the gone runner's container reaped", || async {
+        containers_of("dt-gone").await.is_empty().then_some(())
+    })
+    .await;
+    survivor.stop().await;
+    for r in roles {
+        r.stop().await;
+    }
+}

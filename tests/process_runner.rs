@@ -164,3 +164,109 @@ async fn an_agent_failure_with_a_huge_error_line_still_fails_the_turn() {
     );
     p.stop().await;
 }
+
+/// A shell-script agent in a fresh directory: `body` runs after the input is read; `$PIDS` is a
+/// file it may write process ids to.
+fn script_agent(body: &str) -> (tempfile::TempDir, String, std::path::PathBuf) {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let pids = dir.path().join("pids");
+    let script = dir.path().join("agent.sh");
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/sh\nexport PIDS={}\ncat > /dev/null\n{body}\n",
+            pids.display()
+        ),
+    )
+    .expect("write agent");
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let command = script.display().to_string();
+    (dir, command, pids)
+}
+
+/// The process ids the agent wrote, once it has.
+async fn pids_written(file: &std::path::Path) -> Vec<u32> {
+    turnpike_testkit::eventually(T, "the agent's process ids", || async {
+        let text = std::fs::read_to_string(file).ok()?;
+        let pids: Vec<u32> = text.lines().filter_map(|l| l.trim().parse().ok()).collect();
+        (!pids.is_empty()).then_some(pids)
+    })
+    .await
+}
+
+fn alive(pid: u32) -> bool {
+    // A zombie (its parent has not reaped it yet) is dead too.
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| {
+            let state = s.get(s.rfind(')')? + 2..)?.chars().next()?;
+            Some(state != 'Z')
+        })
+        .unwrap_or(false)
+}
+
+/// Issue 32: a grandchild of the agent that leaves its process group (`setsid`) escaped the
+/// group kill and kept the agent's stdout open: the run never ended (and a kill or the time
+/// limit did nothing). The run's processes carry a tag, every one is killed once the agent has
+/// exited, and the run never waits on its output after that.
+#[tokio::test]
+async fn a_grandchild_that_leaves_the_process_group_dies_with_its_run() {
+    init_logs();
+    let (_dir, agent, pids) = script_agent(
+        "setsid -f sh -c 'echo $$ >> \"$PIDS\"; exec sleep 1000'\necho '{\"type\":\"message\",\"text\":\"answer\"}'\nexit 0",
+    );
+    let p = Pipeline::start(&agent, |_| {}).await;
+    let turn = send(&p.bus, "chat-s", "m-1", "anything").await;
+    let escaped = pids_written(&pids).await;
+    let record = wait_ended(&p.bus, &turn, T).await;
+    assert_eq!(record.state, TurnState::Done, "{record:#?}");
+    assert_eq!(record.attempts[0].messages_landed, 1);
+    turnpike_testkit::eventually(T, "the escaped grandchild dead", || async {
+        escaped.iter().all(|pid| !alive(*pid)).then_some(())
+    })
+    .await;
+    p.stop().await;
+}
+
+/// Issue 32: an agent must not outlive its runner. A runner killed -9 left its agents running
+/// (a hanging one for ever); any runner on the host now finds them by their tag, sees the runner
+/// that started them is gone, and kills them.
+#[tokio::test]
+async fn the_agents_of_a_crashed_runner_are_killed_by_another_runner_on_the_host() {
+    init_logs();
+    let (_dir, agent, pids) = script_agent("echo $$ >> \"$PIDS\"\nexec sleep 1000");
+    let server = NatsServer::start();
+    let config = test_config(&server, &agent);
+    let roles = [
+        start_dispatcher(&config).await,
+        start_coordinator(&config).await,
+    ];
+    let bus = Bus::connect(&config, "test").await.expect("bus");
+    let mut doomed = RoleProcess::start(
+        env!("CARGO_BIN_EXE_test-role"),
+        "runner",
+        &turnpike_config::Config {
+            runner_id: Some("doomed".into()),
+            ..config.clone()
+        },
+    );
+    let turn = send(&bus, "chat-o", "m-1", "anything").await;
+    let agents = pids_written(&pids).await;
+    doomed.kill9();
+    assert!(agents.iter().all(|pid| alive(*pid)), "the orphan lives on");
+    let survivor = start_runner(&turnpike_config::Config {
+        runner_id: Some("survivor".into()),
+        ..config.clone()
+    })
+    .await;
+    turnpike_testkit::eventually(T, "the orphaned agent killed", || async {
+        agents.iter().all(|pid| !alive(*pid)).then_some(())
+    })
+    .await;
+    let _ = turn;
+    survivor.stop().await;
+    for r in roles {
+        r.stop().await;
+    }
+}

@@ -162,6 +162,9 @@ pub struct Config {
     pub runner_backend: Backend,
     /// Image of agent containers (docker backend).
     pub agent_image: String,
+    /// The Docker Engine's socket (docker backend), e.g. `unix:///run/user/1000/docker.sock`
+    /// (default: `$DOCKER_HOST`, else the local socket).
+    pub docker_host: Option<String>,
     /// Agent command line (process backend), split on whitespace.
     pub agent_command: Option<String>,
     /// Where the process backend makes each attempt's fresh working directory (default: the
@@ -282,6 +285,7 @@ impl Default for Config {
             runner_slots: 2,
             runner_backend: Backend::Docker,
             agent_image: "turnpike-test-agent:latest".into(),
+            docker_host: None,
             agent_command: None,
             scratch_dir: None,
             lease: Duration::from_secs(15),

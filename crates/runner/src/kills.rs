@@ -43,6 +43,18 @@ impl Routes {
         }
     }
 
+    /// Does this runner run `turn`'s `attempt` now (registered, not yet ended)?
+    pub(crate) fn is_running(&self, turn: &str, attempt: u32) -> bool {
+        let Ok(turn) = TurnId::new(turn) else {
+            return false;
+        };
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(&turn)
+            .is_some_and(|runs| runs.iter().any(|(a, _)| *a == attempt))
+    }
+
     /// Stop the runs a kill on `subject` with `payload` targets; returns how many.
     pub(crate) fn deliver(&self, subject: &str, payload: &[u8]) -> usize {
         let Some(turn) = subject

@@ -13,6 +13,7 @@ mod land;
 pub use turnpike_core::exit as classify;
 mod lease;
 pub mod lines;
+mod reaper;
 mod retries;
 mod scratch;
 mod stop;
@@ -90,6 +91,18 @@ impl RunnerMetrics {
     }
 }
 
+/// This deployment, as its containers are labelled: when its runners bucket was made (every
+/// NATS system Turnpike runs on makes its own), so runners never judge another deployment's
+/// containers on a shared Docker host.
+async fn deployment(bus: &Bus) -> Result<String, BusError> {
+    let info = bus
+        .runners
+        .status()
+        .await
+        .map_err(|e| BusError::kv("read the runners bucket", e))?;
+    Ok(info.info.created.unix_timestamp_nanos().to_string())
+}
+
 /// The runner id: configured, or the host name.
 pub fn runner_id(config: &Config) -> RunnerId {
     match &config.runner_id {
@@ -114,7 +127,9 @@ impl Runner {
                 Backend::Process(ProcessBackend::new(command, config.scratch_dir.clone())?)
             }
             turnpike_config::Backend::Docker => {
-                Backend::Docker(DockerBackend::connect(&config, id.clone()).await?)
+                let mut docker = DockerBackend::connect(&config, id.clone()).await?;
+                docker.set_deployment(deployment(&bus).await?);
+                Backend::Docker(docker)
             }
         };
         Ok(Runner {
@@ -157,6 +172,12 @@ impl Runner {
         let slots = Arc::new(Semaphore::new(inner.config.runner_slots as usize));
         reap_orphans(&inner).await;
         let presence = tokio::spawn(announce(inner.clone()));
+        let reaper_stop = CancellationToken::new();
+        let reaper = tokio::spawn(reaper::run(
+            inner.clone(),
+            inner.config.lease,
+            reaper_stop.clone(),
+        ));
         let mut tasks = tokio::task::JoinSet::new();
         info!(runner_id = %inner.id, slots = inner.config.runner_slots, backend = inner.backend.name(), "runner started");
         turnpike_jetstream::consume::each_with_slot(&consumer, slots, &shutdown, |msg, slot| {
@@ -188,6 +209,8 @@ impl Runner {
             while tasks.join_next().await.is_some() {}
         }
         presence.abort();
+        reaper_stop.cancel();
+        let _ = reaper.await;
         kills.abort();
         // Going away: say so at once rather than letting the presence TTL run out.
         let _ = inner.bus.runners.purge(inner.id.as_str()).await;

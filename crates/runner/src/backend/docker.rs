@@ -35,6 +35,12 @@ pub const LABEL_RUNNER: &str = "turnpike.runner";
 pub const LABEL_TURN: &str = "turnpike.turn";
 pub const LABEL_ATTEMPT: &str = "turnpike.attempt";
 pub const LABEL_CHAT: &str = "turnpike.chat";
+/// Which runner process started the container ([`super::tree::Instance`]): a runner removes
+/// what it started for an attempt it no longer runs.
+pub const LABEL_INSTANCE: &str = "turnpike.instance";
+/// Which deployment (NATS system) the container's runner belongs to: a runner judges another's
+/// containers only within its own deployment, whose runners it can see.
+pub const LABEL_DEPLOYMENT: &str = "turnpike.deployment";
 
 /// Where attachments appear inside the container.
 pub const ATTACHMENT_DIR: &str = "/turnpike/attachments";
@@ -55,6 +61,8 @@ pub struct DockerBackend {
 #[derive(Debug, Clone)]
 pub struct ContainerSettings {
     runner: RunnerId,
+    instance: super::tree::Instance,
+    deployment: String,
     image: String,
     user: String,
     network_mode: String,
@@ -66,6 +74,8 @@ impl ContainerSettings {
     pub fn new(config: &Config, runner: RunnerId) -> Self {
         ContainerSettings {
             runner,
+            instance: super::tree::Instance::new(),
+            deployment: String::new(),
             image: config.agent_image.clone(),
             user: config.agent_user.clone(),
             network_mode: config.network_mode.clone(),
@@ -94,6 +104,8 @@ impl ContainerSettings {
             labels: Some(HashMap::from([
                 (LABEL_MANAGED.to_owned(), "true".to_owned()),
                 (LABEL_RUNNER.to_owned(), self.runner.to_string()),
+                (LABEL_INSTANCE.to_owned(), self.instance.as_str().to_owned()),
+                (LABEL_DEPLOYMENT.to_owned(), self.deployment.clone()),
                 (LABEL_TURN.to_owned(), work.turn.to_string()),
                 (LABEL_ATTEMPT.to_owned(), work.attempt.to_string()),
                 (LABEL_CHAT.to_owned(), work.chat.to_string()),
@@ -136,6 +148,17 @@ impl ContainerSettings {
     }
 }
 
+/// A container Turnpike started, as its labels describe it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Container {
+    pub id: String,
+    pub runner: Option<String>,
+    pub instance: Option<String>,
+    pub deployment: Option<String>,
+    pub turn: Option<TurnId>,
+    pub attempt: Option<u32>,
+}
+
 /// A container left by an earlier life of this runner.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Orphan {
@@ -159,12 +182,22 @@ pub fn attach_options() -> AttachContainerOptions {
 impl DockerBackend {
     /// Connect to the local engine (DOCKER_HOST or the default socket), negotiating the API version.
     pub async fn connect(config: &Config, runner: RunnerId) -> Result<Self, BackendError> {
-        let docker = Docker::connect_with_local_defaults()
-            .map_err(BackendError::DockerConnect)?
-            .with_timeout(ENGINE_TIMEOUT)
-            .negotiate_version()
-            .await
-            .map_err(BackendError::DockerUnreachable)?;
+        let docker = match config.docker_host.as_deref() {
+            Some(host) => {
+                let path = host.strip_prefix("unix://").unwrap_or(host);
+                Docker::connect_with_unix(
+                    path,
+                    ENGINE_TIMEOUT.as_secs(),
+                    bollard::API_DEFAULT_VERSION,
+                )
+            }
+            None => Docker::connect_with_local_defaults(),
+        }
+        .map_err(BackendError::DockerConnect)?
+        .with_timeout(ENGINE_TIMEOUT)
+        .negotiate_version()
+        .await
+        .map_err(BackendError::DockerUnreachable)?;
         Ok(DockerBackend {
             docker,
             container: ContainerSettings::new(config, runner),
@@ -230,6 +263,88 @@ impl DockerBackend {
         Ok(out)
     }
 
+    /// Every container Turnpike started on this engine, any runner's, in any state.
+    pub async fn containers(&self) -> Result<Vec<Container>, BackendError> {
+        self.list(vec![format!("{LABEL_MANAGED}=true")]).await
+    }
+
+    async fn list(&self, labels: Vec<String>) -> Result<Vec<Container>, BackendError> {
+        let filters: HashMap<&str, Vec<String>> = HashMap::from([("label", labels)]);
+        let list = self
+            .docker
+            .list_containers(Some(
+                ListContainersOptionsBuilder::new()
+                    .all(true)
+                    .filters(&filters)
+                    .build(),
+            ))
+            .await
+            .map_err(|source| BackendError::Docker {
+                what: "list containers",
+                source,
+            })?;
+        Ok(list
+            .into_iter()
+            .filter_map(|c| {
+                let labels = c.labels.unwrap_or_default();
+                Some(Container {
+                    id: c.id?,
+                    runner: labels.get(LABEL_RUNNER).cloned(),
+                    instance: labels.get(LABEL_INSTANCE).cloned(),
+                    deployment: labels.get(LABEL_DEPLOYMENT).cloned(),
+                    turn: labels
+                        .get(LABEL_TURN)
+                        .and_then(|t| TurnId::new(t.as_str()).ok()),
+                    attempt: labels.get(LABEL_ATTEMPT).and_then(|a| a.parse().ok()),
+                })
+            })
+            .collect())
+    }
+
+    /// Did this runner start `c`?
+    pub fn started(&self, c: &Container) -> bool {
+        c.instance.as_deref() == Some(self.container.instance.as_str())
+    }
+
+    /// Was `c` started by a runner of this runner's deployment?
+    pub fn same_deployment(&self, c: &Container) -> bool {
+        !self.container.deployment.is_empty()
+            && c.deployment.as_deref() == Some(self.container.deployment.as_str())
+    }
+
+    /// Name this runner's deployment in its containers' labels.
+    pub fn set_deployment(&mut self, deployment: String) {
+        self.container.deployment = deployment;
+    }
+
+    /// Remove a container (forced, with its volumes); a missing one is no error.
+    pub async fn remove_container(&self, id: &str) {
+        self.remove(id).await
+    }
+
+    /// After an engine failure, remove every container this runner made for the attempt: a
+    /// create or a start the engine was still working on when the call failed may leave one,
+    /// even one that starts later, running beside the attempt's retry with nobody reading it.
+    /// What cannot be removed now, the reaper removes later.
+    async fn reconcile(&self, work: &WorkItem) {
+        let labels = vec![
+            format!("{LABEL_RUNNER}={}", self.container.runner),
+            format!("{LABEL_TURN}={}", work.turn),
+            format!("{LABEL_ATTEMPT}={}", work.attempt),
+        ];
+        match self.list(labels).await {
+            Ok(left) => {
+                for c in left {
+                    warn!(container = %c.id, "removing the attempt's container after an engine failure");
+                    self.remove(&c.id).await;
+                }
+            }
+            Err(e) => {
+                warn!(error = %e, "cannot look for the attempt's containers; the reaper will")
+            }
+        }
+    }
+
     async fn remove(&self, id: &str) {
         let opts = RemoveContainerOptionsBuilder::new()
             .force(true)
@@ -280,10 +395,17 @@ impl DockerBackend {
                     ..RawExit::default()
                 }
             }
-            Err(e) => return engine_error(format!("creating the container failed: {e}")),
+            Err(e) => {
+                // The engine may have made it all the same.
+                self.reconcile(work).await;
+                return engine_error(format!("creating the container failed: {e}"));
+            }
         };
         let raw = self.run_created(&id, spec, input, out, stop).await;
         self.remove(&id).await;
+        if raw.engine_error.is_some() {
+            self.reconcile(work).await;
+        }
         raw
     }
 
@@ -386,31 +508,7 @@ impl DockerBackend {
             }
         });
 
-        let mut stopped_by = None;
-        let mut wait = self.docker.wait_container(id, None::<WaitContainerOptions>);
-        let waited = tokio::select! {
-            w = wait.next() => w,
-            reason = wait_stop(&mut stop) => {
-                stopped_by = Some(reason);
-                let grace = if reason.is_urgent() { 0 } else { spec.stop_grace.as_secs().clamp(1, i32::MAX as u64) as i32 };
-                let opts = StopContainerOptionsBuilder::new().t(grace).build();
-                if let Err(e) = self.docker.stop_container(id, Some(opts)).await {
-                    warn!(error = %e, "stopping the container failed; killing it");
-                    let _ = self.docker.kill_container(id, None).await;
-                }
-                wait.next().await
-            }
-        };
-        let wait_code = match waited {
-            Some(Ok(r)) => Some(r.status_code),
-            // A non-zero exit is reported as this error: it is a result, not a failure.
-            Some(Err(DockerError::DockerContainerWaitError { code, .. })) => Some(code),
-            Some(Err(e)) => {
-                warn!(error = %e, "waiting for the container failed");
-                None
-            }
-            None => None,
-        };
+        let (wait_code, stopped_by) = self.wait_exit(id, spec, &mut stop).await;
         // The attach stream can stay open after exit: drain briefly, then let go.
         if tokio::time::timeout(Duration::from_secs(2), pump)
             .await
@@ -429,8 +527,10 @@ impl DockerBackend {
         let (state_code, oom_killed) = match &inspected {
             Ok(info) => {
                 let state = info.state.as_ref();
+                // A container still running has an exit code of 0: never an exit.
+                let exited = state.and_then(|s| s.running) == Some(false);
                 (
-                    state.and_then(|s| s.exit_code),
+                    state.and_then(|s| s.exit_code).filter(|_| exited),
                     state.and_then(|s| s.oom_killed).unwrap_or(false),
                 )
             }
@@ -455,6 +555,74 @@ impl DockerBackend {
         }
     }
 }
+
+impl DockerBackend {
+    /// Wait for the container to exit, stopping it when a stop is asked for; its exit code
+    /// (`None`: the engine lost track of it) and who stopped it. A wait that ends without an
+    /// exit (the engine restarted, the socket dropped, a time-out) never counts as one: the
+    /// engine is asked whether the container still runs, and if it does, it is waited for
+    /// again.
+    async fn wait_exit(
+        &self,
+        id: &str,
+        spec: &RunSpec,
+        stop: &mut watch::Receiver<Option<StopReason>>,
+    ) -> (Option<i64>, Option<StopReason>) {
+        let mut stopped_by = None;
+        let mut waits_lost = 0u32;
+        let mut pauses = turnpike_core::backoff::Backoff::doubling(
+            Duration::from_millis(200),
+            Duration::from_secs(5),
+        );
+        loop {
+            let mut wait = self.docker.wait_container(id, None::<WaitContainerOptions>);
+            let waited = tokio::select! {
+                w = wait.next() => w,
+                reason = wait_stop(stop), if stopped_by.is_none() => {
+                    stopped_by = Some(reason);
+                    let grace = if reason.is_urgent() { 0 } else { spec.stop_grace.as_secs().clamp(1, i32::MAX as u64) as i32 };
+                    let opts = StopContainerOptionsBuilder::new().t(grace).build();
+                    if let Err(e) = self.docker.stop_container(id, Some(opts)).await {
+                        warn!(error = %e, "stopping the container failed; killing it");
+                        let _ = self.docker.kill_container(id, None).await;
+                    }
+                    wait.next().await
+                }
+            };
+            let lost = match waited {
+                Some(Ok(r)) => return (Some(r.status_code), stopped_by),
+                // A non-zero exit is reported as this error: it is a result, not a failure.
+                Some(Err(DockerError::DockerContainerWaitError { code, .. })) => {
+                    return (Some(code), stopped_by)
+                }
+                Some(Err(e)) => e.to_string(),
+                None => "the wait ended without an exit".to_owned(),
+            };
+            // Did it exit, or does it still run?
+            match self.docker.inspect_container(id, None).await {
+                Ok(info) => {
+                    let state = info.state.unwrap_or_default();
+                    if state.running == Some(false) {
+                        return (state.exit_code, stopped_by);
+                    }
+                    warn!(error = %lost, "the wait for the container ended while it still runs; waiting again");
+                }
+                Err(e) => {
+                    warn!(error = %lost, inspect = %e, "the wait for the container failed, and so did asking about it")
+                }
+            }
+            waits_lost += 1;
+            if waits_lost >= WAITS_LOST_MAX {
+                return (None, stopped_by);
+            }
+            tokio::time::sleep(pauses.wait()).await;
+        }
+    }
+}
+
+/// Waits that may end without an exit before the engine is taken to have lost the container
+/// (about five minutes of a failing engine, between waits that back off to 5 s).
+const WAITS_LOST_MAX: u32 = 60;
 
 fn engine_error(message: String) -> RawExit {
     RawExit {

@@ -4,10 +4,11 @@
 
 mod docker;
 mod process;
+pub mod tree;
 
 pub use docker::{
-    attach_options, ContainerSettings, DockerBackend, Orphan, ATTACHMENT_DIR, LABEL_ATTEMPT,
-    LABEL_CHAT, LABEL_MANAGED, LABEL_RUNNER, LABEL_TURN,
+    attach_options, Container, ContainerSettings, DockerBackend, Orphan, ATTACHMENT_DIR,
+    LABEL_ATTEMPT, LABEL_CHAT, LABEL_INSTANCE, LABEL_MANAGED, LABEL_RUNNER, LABEL_TURN,
 };
 pub use process::ProcessBackend;
 

@@ -5,7 +5,7 @@
 //! bounded by the runner's stop request, and the whole process group is killed at the end so no
 //! grandchild outlives its attempt.
 
-use super::{BackendError, Output, RunSpec};
+use super::{tree, BackendError, Output, RunSpec};
 use crate::classify::{RawExit, StopReason};
 use crate::scratch::AttemptDir;
 use bytes::Bytes;
@@ -24,6 +24,8 @@ pub struct ProcessBackend {
     argv: Vec<String>,
     /// Parent of the attempts' working directories; `None` for the system's temporary directory.
     scratch: Option<PathBuf>,
+    /// This runner, as its runs' processes are tagged ([`tree::RUN_TAG`]).
+    instance: tree::Instance,
 }
 
 impl ProcessBackend {
@@ -40,7 +42,16 @@ impl ProcessBackend {
                 return Err(BackendError::ScratchDir(dir.clone()));
             }
         }
-        Ok(ProcessBackend { argv, scratch })
+        Ok(ProcessBackend {
+            argv,
+            scratch,
+            instance: tree::Instance::new(),
+        })
+    }
+
+    /// This runner, as its runs' processes are tagged.
+    pub fn instance(&self) -> &tree::Instance {
+        &self.instance
     }
 
     pub async fn run(
@@ -89,6 +100,11 @@ impl ProcessBackend {
             .env("HOME", dir.path())
             .env("TURNPIKE_TURN", work.turn.as_str())
             .env("TURNPIKE_ATTEMPT", work.attempt.to_string())
+            // Inherited by every process of the run, also one that leaves its process group.
+            .env(
+                tree::RUN_TAG,
+                tree::Tag::value(&self.instance, work.turn.as_str(), work.attempt),
+            )
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -163,16 +179,13 @@ impl ProcessBackend {
                 }
             }
         };
-        // Grandchildren may still hold the pipes: end the whole group.
+        // Grandchildren may still hold the pipes: end the whole group, and any process of the
+        // run that left it; never wait for output once the run is over.
         let _ = kill_process_group(pid, Signal::KILL);
         feeder.abort();
-        if let Some(r) = stdout_reader {
-            let _ = r.await;
-        }
-        let stderr_tail = match stderr_reader {
-            Some(r) => r.await.unwrap_or_default(),
-            None => Vec::new(),
-        };
+        let run = (self.instance.clone(), work.turn.to_string(), work.attempt);
+        let _ = settle(stdout_reader, &run).await;
+        let stderr_tail = settle(stderr_reader, &run).await.unwrap_or_default();
         drop(dir);
         match status {
             Ok(status) => {
@@ -190,6 +203,42 @@ impl ProcessBackend {
                     ..engine_error(format!("waiting for the agent failed: {e}"))
                 }
             }
+        }
+    }
+}
+
+/// How long a run's output may stay open once its agent and process group are gone before the
+/// run's other processes (tagged, out of the group) are looked for and killed.
+const OUTPUT_AFTER_EXIT: std::time::Duration = std::time::Duration::from_millis(500);
+/// How long after that the output is still read before it is let go.
+const OUTPUT_AFTER_KILL: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// The end of one of a run's output streams once its agent has exited: it closes when the last
+/// process holding it is gone. One that stays open (a grandchild that left the process group
+/// with `setsid`) gets the run's tagged processes killed; if even then it stays open (a process
+/// that also dropped the tag), it is let go: the run never waits on it.
+async fn settle<T: Send + 'static>(
+    reader: Option<tokio::task::JoinHandle<T>>,
+    (instance, turn, attempt): &(tree::Instance, String, u32),
+) -> Option<T> {
+    let mut reader = reader?;
+    if let Ok(done) = tokio::time::timeout(OUTPUT_AFTER_EXIT, &mut reader).await {
+        return done.ok();
+    }
+    let (instance, turn, attempt) = (instance.clone(), turn.clone(), *attempt);
+    let killed = tokio::task::spawn_blocking(move || tree::kill_run(&instance, &turn, attempt))
+        .await
+        .unwrap_or(0);
+    warn!(
+        killed,
+        "the agent's output stayed open after it exited: killed what of its run was left"
+    );
+    match tokio::time::timeout(OUTPUT_AFTER_KILL, &mut reader).await {
+        Ok(done) => done.ok(),
+        Err(_) => {
+            warn!("the agent's output is still open; no longer read");
+            reader.abort();
+            None
         }
     }
 }

@@ -208,7 +208,8 @@ async fn run_fenced(
             Output::Stdout(bytes) => lander.stdout(&bytes, &stop_tx).await,
             Output::Stderr(bytes) => {
                 for line in String::from_utf8_lossy(&bytes).lines() {
-                    debug!(stderr = line, "agent");
+                    // What an agent prints is quoted cut short, like every value from outside.
+                    debug!(stderr = %turnpike_core::sizes::quote(line), "agent");
                 }
             }
         }

@@ -91,7 +91,7 @@ pub(super) async fn ops(state: &State, subject: &str, req: OpsRequest, back: &st
         Ok(Err(e)) => (false, format!("no coordinator answered: {e}")),
         Err(_) => (false, "no coordinator answered within 15 s".to_owned()),
     };
-    tracing::info!(%by, subject, ok, answer = %msg, "dashboard action");
+    tracing::info!(by = %turnpike_core::sizes::quote(&by), subject, ok, answer = %turnpike_core::sizes::quote(&msg), "dashboard action");
     let sep = if back.contains('?') { '&' } else { '?' };
     Redirect::to(&format!("{back}{sep}ok={ok}&msg={}", urlencode(&msg))).into_response()
 }

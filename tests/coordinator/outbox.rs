@@ -356,30 +356,12 @@ async fn stored_on(bus: &Bus, stream: &str, subject: &str) -> usize {
 /// with the dispatcher listing a replayed turn with a put.)
 #[tokio::test]
 async fn an_ended_turns_effects_are_not_carried_out_again_after_it_left_the_live_index() {
-    use turnpike_core::lifecycle::Event;
     let server = NatsServer::start();
     let config = test_config(&server, AGENT);
     let bus = Bus::connect(&config, "test").await.expect("bus");
     let (record, _) = new_turn("c13", false);
     let turn = record.turn.clone();
-    turnpike_store::turns::create_in_chat(&bus, record.clone(), Some(1), None)
-        .await
-        .expect("create");
-    let exit = Event::Exited {
-        attempt: 1,
-        report: turnpike_core::wire::ExitReport::without_output(
-            ExitClass::Crashed,
-            "test",
-            turnpike_jetstream::now(),
-        ),
-    };
-    let applied = turnpike_store::turns::apply_event(&bus, &turn, &exit)
-        .await
-        .expect("apply");
-    assert_eq!(applied.current().record.state, TurnState::GaveUp);
-    turnpike_store::turns::run_owed(&bus, applied)
-        .await
-        .expect("effects");
+    let exit = give_up(&bus, &record).await;
     assert!(!turnpike_store::turns::is_listed(&bus, &turn)
         .await
         .expect("live"));
@@ -422,24 +404,10 @@ async fn an_ended_turns_effects_are_not_carried_out_again_after_it_left_the_live
     assert_eq!((notices, finals), (1, 1), "{items:?}");
 }
 
-/// Issue 32: a sweep pass lists the live turns once, then works through them; a pass slower
-/// than the duplicate window (a NATS brown-out, thousands of live turns) reached a turn that
-/// had ended and left the index meanwhile, and sent its notice again. It decides on each turn
-/// as it is when reached. (Fails without the re-check in `sweep_turn`'s `Finish`.)
-#[tokio::test]
-async fn a_sweep_pass_on_an_old_listing_does_not_send_an_ended_turns_notice_again() {
-    use turnpike_core::lifecycle::Event;
-    let server = NatsServer::start();
-    let config = test_config(&server, AGENT);
-    let bus = Bus::connect(&config, "test").await.expect("bus");
-    let (record, _) = new_turn("c16", false);
-    let turn = record.turn.clone();
-    turnpike_store::turns::create_in_chat(&bus, record, Some(1), None)
-        .await
-        .expect("create");
-    // The pass lists the live turns: this one is there, still running.
-    let listing = vec![turn.to_string()];
-    let exit = Event::Exited {
+/// Create `record`'s turn in its chat and let its one attempt die: it gives up, its effects
+/// carried out (the notice sent, the turn unlisted). Returns the exit event, to deliver again.
+async fn give_up(bus: &Bus, record: &turnpike_core::TurnRecord) -> turnpike_core::lifecycle::Event {
+    let exit = turnpike_core::lifecycle::Event::Exited {
         attempt: 1,
         report: turnpike_core::wire::ExitReport::without_output(
             ExitClass::Crashed,
@@ -447,13 +415,32 @@ async fn a_sweep_pass_on_an_old_listing_does_not_send_an_ended_turns_notice_agai
             turnpike_jetstream::now(),
         ),
     };
-    let applied = turnpike_store::turns::apply_event(&bus, &turn, &exit)
+    turnpike_store::turns::create_in_chat(bus, record.clone(), Some(1), None)
+        .await
+        .expect("create");
+    let applied = turnpike_store::turns::apply_event(bus, &record.turn, &exit)
         .await
         .expect("apply");
     assert_eq!(applied.current().record.state, TurnState::GaveUp);
-    turnpike_store::turns::run_owed(&bus, applied)
+    turnpike_store::turns::run_owed(bus, applied)
         .await
         .expect("effects");
+    exit
+}
+
+/// Issue 32: a sweep pass lists the live turns once, then works through them; a pass slower
+/// than the duplicate window (a NATS brown-out, thousands of live turns) reached a turn that
+/// had ended and left the index meanwhile, and sent its notice again. It decides on each turn
+/// as it is when reached. (Fails without the re-check in `sweep_turn`'s `Finish`.)
+#[tokio::test]
+async fn a_sweep_pass_on_an_old_listing_does_not_send_an_ended_turns_notice_again() {
+    let server = NatsServer::start();
+    let config = test_config(&server, AGENT);
+    let bus = Bus::connect(&config, "test").await.expect("bus");
+    let (record, _) = new_turn("c16", false);
+    // The pass lists the live turns: this one is there, still running.
+    let listing = vec![record.turn.to_string()];
+    give_up(&bus, &record).await;
     shorten_duplicate_window(&bus, subjects::STREAM_CHAT_OUT, Duration::from_millis(200)).await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     // The pass reaches it only now, past the window.

@@ -127,30 +127,8 @@ async fn handle(
     subject: &str,
     r: OpsRequest,
 ) -> OpsReply {
-    // The name is kept in records: bounded like every value from outside.
-    let by_len = turnpike_core::sizes::str_len(&r.by);
-    let id_len = r.id.as_deref().map_or(0, turnpike_core::sizes::str_len);
-    if id_len > turnpike_core::sizes::REQUEST_ID_MAX {
-        return reply(
-            false,
-            format!(
-                "bad request: the request id may be at most {} bytes",
-                turnpike_core::sizes::REQUEST_ID_MAX
-            ),
-            r.turn.as_ref(),
-            None,
-        );
-    }
-    if r.by.is_empty() || by_len > turnpike_core::sizes::OPERATOR_MAX {
-        return reply(
-            false,
-            format!(
-                "bad request: the operator name must be 1 to {} bytes",
-                turnpike_core::sizes::OPERATOR_MAX
-            ),
-            r.turn.as_ref(),
-            None,
-        );
+    if let Err(why) = r.check() {
+        return reply(false, format!("bad request: {why}"), r.turn.as_ref(), None);
     }
     let action = OperatorAction {
         by: r.by.clone(),

@@ -56,6 +56,26 @@ impl OpsRequest {
         // Strings only: always serializes.
         serde_json::to_vec(self).unwrap_or_default()
     }
+
+    /// Its values from outside within their bounds: they are kept in records.
+    pub fn check(&self) -> Result<(), String> {
+        use crate::sizes::{str_len, OPERATOR_MAX, REQUEST_ID_MAX};
+        if self.by.is_empty() || str_len(&self.by) > OPERATOR_MAX {
+            return Err(format!(
+                "the operator name must be 1 to {OPERATOR_MAX} bytes"
+            ));
+        }
+        if self
+            .id
+            .as_deref()
+            .is_some_and(|id| str_len(id) > REQUEST_ID_MAX)
+        {
+            return Err(format!(
+                "the request id may be at most {REQUEST_ID_MAX} bytes"
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// The coordinators' answer to an [`OpsRequest`].

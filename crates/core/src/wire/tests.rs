@@ -317,3 +317,19 @@ fn an_older_list_of_reply_sequences_is_read_as_its_span() {
     let report: ExitReport = serde_json::from_value(empty).expect("reads");
     assert_eq!(report.reply_span, None);
 }
+
+#[test]
+fn an_ops_request_bounds_what_it_records() {
+    let turn = TurnId::new("t-1").expect("id");
+    assert_eq!(OpsRequest::turn("carol", turn.clone()).check(), Ok(()));
+    assert!(OpsRequest::turn("", turn.clone()).check().is_err());
+    assert!(OpsRequest::turn("x".repeat(200), turn.clone())
+        .check()
+        .is_err());
+    let long_id = OpsRequest::turn("carol", turn.clone()).with_id("i".repeat(200));
+    assert!(long_id.check().is_err());
+    assert_eq!(
+        OpsRequest::turn("carol", turn).with_id("click-1").check(),
+        Ok(())
+    );
+}

@@ -157,6 +157,7 @@ pub struct Container {
     pub deployment: Option<String>,
     pub turn: Option<TurnId>,
     pub attempt: Option<u32>,
+    pub chat: Option<ChatId>,
 }
 
 /// A container left by an earlier life of this runner.
@@ -224,40 +225,17 @@ impl DockerBackend {
 
     /// Remove every container labelled with this runner's id (left by an earlier life).
     pub async fn reap_orphans(&self) -> Result<Vec<Orphan>, BackendError> {
-        let filters: HashMap<&str, Vec<String>> = HashMap::from([(
-            "label",
-            vec![format!("{LABEL_RUNNER}={}", self.container.runner)],
-        )]);
-        let list = self
-            .docker
-            .list_containers(Some(
-                ListContainersOptionsBuilder::new()
-                    .all(true)
-                    .filters(&filters)
-                    .build(),
-            ))
-            .await
-            .map_err(|source| BackendError::Docker {
-                what: "list containers",
-                source,
-            })?;
         let mut out = Vec::new();
-        for c in list {
-            let Some(id) = c.id else { continue };
-            let labels = c.labels.unwrap_or_default();
-            let turn = labels
-                .get(LABEL_TURN)
-                .and_then(|t| TurnId::new(t.as_str()).ok());
-            let attempt = labels.get(LABEL_ATTEMPT).and_then(|a| a.parse().ok());
-            let chat = labels
-                .get(LABEL_CHAT)
-                .and_then(|c| ChatId::new(c.as_str()).ok());
-            self.remove(&id).await;
+        for c in self
+            .list(vec![format!("{LABEL_RUNNER}={}", self.container.runner)])
+            .await?
+        {
+            self.remove(&c.id).await;
             out.push(Orphan {
-                container: id,
-                turn,
-                attempt,
-                chat,
+                container: c.id,
+                turn: c.turn,
+                attempt: c.attempt,
+                chat: c.chat,
             });
         }
         Ok(out)
@@ -296,6 +274,9 @@ impl DockerBackend {
                         .get(LABEL_TURN)
                         .and_then(|t| TurnId::new(t.as_str()).ok()),
                     attempt: labels.get(LABEL_ATTEMPT).and_then(|a| a.parse().ok()),
+                    chat: labels
+                        .get(LABEL_CHAT)
+                        .and_then(|c| ChatId::new(c.as_str()).ok()),
                 })
             })
             .collect())

@@ -214,7 +214,9 @@ fn alive(pid: u32) -> bool {
 async fn a_grandchild_that_leaves_the_process_group_dies_with_its_run() {
     init_logs();
     let (_dir, agent, pids) = script_agent(
-        "setsid -f sh -c 'echo $$ >> \"$PIDS\"; exec sleep 1000'\necho '{\"type\":\"message\",\"text\":\"answer\"}'\nexit 0",
+        // The agent exits only once its grandchild has left the group (it writes its pid after
+        // `setsid`): a group kill before that would take it, and prove nothing.
+        "setsid -f sh -c 'echo $$ >> \"$PIDS\"; exec sleep 1000'\nwhile [ ! -s \"$PIDS\" ]; do sleep 0.01; done\necho '{\"type\":\"message\",\"text\":\"answer\"}'\nexit 0",
     );
     let p = Pipeline::start(&agent, |_| {}).await;
     let turn = send(&p.bus, "chat-s", "m-1", "anything").await;
@@ -253,8 +255,8 @@ async fn the_agents_of_a_crashed_runner_are_killed_by_another_runner_on_the_host
     );
     let turn = send(&bus, "chat-o", "m-1", "anything").await;
     let agents = pids_written(&pids).await;
+    // Orphaned now (nothing else would end it: it sleeps, and writes nothing).
     doomed.kill9();
-    assert!(agents.iter().all(|pid| alive(*pid)), "the orphan lives on");
     let survivor = start_runner(&turnpike_config::Config {
         runner_id: Some("survivor".into()),
         ..config.clone()

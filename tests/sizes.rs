@@ -102,11 +102,15 @@ async fn a_huge_attachment_name_is_refused_with_a_short_notice() {
         notice.contains("attachment name \"\\\"\\\"") && notice.contains("the limit is 255"),
         "{notice}"
     );
-    let dead = dead_letters(&p.bus).await;
-    let (_, reason) = dead
-        .iter()
-        .find(|(_, r)| r.contains("attachment name"))
-        .expect("a dead letter");
+    // The dead letter is stored after the notice.
+    let reason = turnpike_testkit::eventually(SECONDS, "a dead letter", || async {
+        dead_letters(&p.bus)
+            .await
+            .into_iter()
+            .map(|(_, r)| r)
+            .find(|r| r.contains("attachment name"))
+    })
+    .await;
     assert!(reason.len() <= sizes::REASON_MAX, "{}", reason.len());
     answers_next(&p, "names", "n2").await;
     p.stop().await;
@@ -215,7 +219,7 @@ async fn a_turn_record_nats_refuses_mid_life_ends_the_turn() {
     init_logs();
     let p = Pipeline::start(AGENT, |c| c.max_turn_retry = 5).await;
     limit_stream(&p, "KV_turnpike_turns", 16 * 1024).await;
-    // Each attempt's error is 4 KiB encoded: the third one no longer fits.
+    // Each attempt's error is cut to 4 KiB encoded: the fourth no longer fits 16 KiB.
     let turn = send(&p.bus, "grows", "g1", "error-and-die:2000").await;
     ended_for_good(&p, "grows", &turn, "update turn").await;
     let r = wait_ended(&p.bus, &turn, SECONDS).await;

@@ -353,8 +353,8 @@ pub struct TurnOutput {
 /// The bot messages `turn` has landed so far, for a view (the dashboard), while it runs or
 /// after. It stops at the turn's final status (nothing of a turn lands after it: its attempts
 /// are over or fenced out before it is sent), so an old turn of a busy chat costs its own
-/// messages, not the chat's since; and it reads at most `max_reads` messages, saying so instead
-/// of failing.
+/// messages, not the chat's since; and it reads at most `max_reads` messages and keeps at most
+/// 1 MiB of their text, saying so instead of failing.
 pub async fn turn_output(
     bus: &Bus,
     chat: &ChatId,
@@ -368,12 +368,26 @@ pub async fn turn_output(
         });
     };
     let mut messages = Vec::new();
+    let mut bytes = 0;
+    let mut cut = false;
     let complete = scan(bus, chat, turn, from, None, max_reads, true, |_, item| {
-        messages.push(item)
+        // Kept within a view's byte budget too: a turn may land a thousand long messages.
+        bytes += item.text.len();
+        if bytes > TURN_OUTPUT_BYTES {
+            cut = true;
+        } else {
+            messages.push(item)
+        }
     })
     .await?;
-    Ok(TurnOutput { messages, complete })
+    Ok(TurnOutput {
+        messages,
+        complete: complete && !cut,
+    })
 }
+
+/// Bytes of a turn's messages one view shows at most.
+const TURN_OUTPUT_BYTES: usize = 1 << 20;
 
 /// The sequence of the turn's first fence marker; `None` if no attempt ever took the fence.
 async fn first_marker(bus: &Bus, turn: &TurnId) -> Result<Option<u64>, BusError> {

@@ -108,9 +108,11 @@ pub struct Config {
     pub pids_limit: i64,
     /// CPUs of one attempt's container (fractions allowed).
     pub cpus: f64,
-    /// Docker network mode of agent containers (`none`, `bridge`, or a network name).
+    /// Docker network mode of agent containers: `none`, `bridge`, or a network name (never
+    /// `host`, nor `container:<id>`, which would share another container's network).
     pub network_mode: String,
-    /// User agent containers run as (numeric: scratch images have no /etc/passwd).
+    /// User agent containers run as: `uid[:gid]`, numbers, neither 0 (read as the engine reads
+    /// them: `00` and `+0` are root too; a name is refused, since the image decides what it is).
     pub agent_user: String,
     /// Time between the polite stop and the kill, for time limits, drains and operator kills.
     #[serde(with = "units::duration")]

@@ -202,7 +202,9 @@ fn unsafe_container_settings_and_unfitting_limits_are_refused() {
         let err = c.validate().expect_err(key).to_string();
         assert!(err.contains(key), "{err}");
     };
-    for user in ["0", "0:0", "root", "", " "] {
+    // Issue 33: as the engine reads a user, "00" and "+0" are uid 0 too, and a name may be
+    // anything in the image.
+    for user in ["0", "0:0", "root", "", " ", "00", "+0", "-0", "1000:0", "nobody"] {
         refused(
             Config {
                 agent_user: user.into(),
@@ -211,13 +213,15 @@ fn unsafe_container_settings_and_unfitting_limits_are_refused() {
             "agent_user",
         );
     }
-    refused(
-        Config {
-            network_mode: "host".into(),
-            ..Config::default()
-        },
-        "network_mode",
-    );
+    for mode in ["host", "container:turnpike-dashboard", "container:0123abcd"] {
+        refused(
+            Config {
+                network_mode: mode.into(),
+                ..Config::default()
+            },
+            "network_mode",
+        );
+    }
     for pids in [0, -1] {
         refused(
             Config {

@@ -131,23 +131,17 @@ impl Config {
                 "at most 256 attachments per message",
             ));
         }
-        // Agent containers run someone's code: never as root, never on the host's network,
-        // never without a process limit.
-        let user = self.agent_user.trim();
-        let uid = user.split(':').next().unwrap_or("");
-        if uid.is_empty() || uid == "0" || uid == "root" {
+        // Agent containers run someone's code: never as root, never on the host's network or
+        // in another container's namespaces, never without a process limit.
+        if let Err(why) = agent_user(&self.agent_user) {
             return Err(invalid(
                 "agent_user",
                 format!("{:?}", self.agent_user),
-                "agent containers must run as a non-root user, e.g. 65534:65534",
+                &format!("{why}; agent containers must run as a numeric non-root user, e.g. 65534:65534"),
             ));
         }
-        if self.network_mode.trim() == "host" {
-            return Err(invalid(
-                "network_mode",
-                "host".into(),
-                "agent containers may not share the host's network; use none, bridge or a network name",
-            ));
+        if let Err(why) = network_mode(&self.network_mode) {
+            return Err(invalid("network_mode", self.network_mode.clone(), why));
         }
         if self.pids_limit <= 0 {
             return Err(invalid(
@@ -241,5 +235,82 @@ impl Config {
             }
         }
         Ok(self)
+    }
+}
+
+/// A number as the Docker Engine reads one in a `user` setting (Go's `strconv.Atoi`: an optional
+/// sign, then decimal digits, leading zeros allowed), or `None` if it is not one.
+fn engine_number(s: &str) -> Option<i64> {
+    let digits = s.strip_prefix(['+', '-']).unwrap_or(s);
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let n: i64 = digits.trim_start_matches('0').parse().unwrap_or(0);
+    Some(if s.starts_with('-') { -n } else { n })
+}
+
+/// `agent_user` as the engine would read it: `uid[:gid]`, both numbers, neither root's. A name
+/// is refused: the engine looks it up in the agent's image, where any name may be uid 0 (and a
+/// scratch image has no names at all).
+fn agent_user(user: &str) -> Result<(), String> {
+    let (uid, gid) = match user.split_once(':') {
+        Some((u, g)) => (u, Some(g)),
+        None => (user, None),
+    };
+    let uid = engine_number(uid).ok_or_else(|| format!("user {uid:?} is not a number"))?;
+    if uid <= 0 {
+        return Err(format!("uid {uid} is root (or not a user)"));
+    }
+    if let Some(gid) = gid {
+        let gid = engine_number(gid).ok_or_else(|| format!("group {gid:?} is not a number"))?;
+        if gid <= 0 {
+            return Err(format!("gid {gid} is root's group (or not a group)"));
+        }
+    }
+    Ok(())
+}
+
+/// `network_mode`: `none`, `bridge`, or the name of a network, never `host` or a join of another
+/// container's network namespace (`container:<id>`), which would share what that one reaches.
+fn network_mode(mode: &str) -> Result<(), &'static str> {
+    if mode == "host" {
+        return Err("agent containers may not share the host's network; use none, bridge or a network name");
+    }
+    let name_ok = mode
+        .bytes()
+        .enumerate()
+        .all(|(i, b)| b.is_ascii_alphanumeric() || (i > 0 && matches!(b, b'_' | b'.' | b'-')));
+    if mode.is_empty() || !name_ok {
+        return Err("none, bridge or a network name ([A-Za-z0-9][A-Za-z0-9_.-]*); never host or container:<id>, which share another's network");
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod checks {
+    use super::*;
+
+    /// The engine reads `00`, `+0` and `-0` as uid 0: each is root.
+    #[test]
+    fn agent_users_are_read_as_the_engine_reads_them() {
+        for root in ["0", "00", "+0", "-0", "000:1000", "1000:0", "1000:+00", "-5", "root", "", " 1000", "1000 ", "0x10", "1000:root", "nobody"] {
+            assert!(agent_user(root).is_err(), "{root:?} accepted");
+        }
+        for ok in ["65534:65534", "1000", "1000:1000", "01000", "+1000:1000"] {
+            assert_eq!(agent_user(ok), Ok(()), "{ok:?}");
+        }
+        assert_eq!(engine_number("+007"), Some(7));
+        assert_eq!(engine_number("-0"), Some(0));
+        assert_eq!(engine_number("1e3"), None);
+    }
+
+    #[test]
+    fn network_modes_never_share_anothers_namespace() {
+        for bad in ["host", "container:abc", "container:", "ns:/proc/1/ns/net", "", " none", "-x"] {
+            assert!(network_mode(bad).is_err(), "{bad:?} accepted");
+        }
+        for ok in ["none", "bridge", "turnpike-agents", "my_net.1"] {
+            assert_eq!(network_mode(ok), Ok(()), "{ok:?}");
+        }
     }
 }

@@ -256,6 +256,7 @@ async fn the_dashboard_reads_and_acts_with_only_its_own_rights() {
         users,
         key: turnpike_dashboard::SessionKey::random().expect("key"),
         session_ttl: Duration::from_secs(600),
+        proxies: Default::default(),
     };
     let listener = turnpike_dashboard::Dashboard::bind("127.0.0.1:0")
         .await
@@ -263,14 +264,13 @@ async fn the_dashboard_reads_and_acts_with_only_its_own_rights() {
     let url = format!("http://{}", listener.local_addr().expect("addr"));
     let stop = tokio_util::sync::CancellationToken::new();
     let dashboard = turnpike_dashboard::Dashboard::new(bus, config, access).expect("dashboard");
+    let metrics = dashboard.metrics();
     let serving = tokio::spawn(dashboard.serve(listener, stop.clone()));
 
     let cookie = dashboard_login(&url, "op", "pw").await;
     let chat_page = "/chats/dash".to_owned();
     let turn_page = format!("/turns/{done}");
-    for page in [
-        "/", "/errored", "/live", "/runners", &turn_page, &chat_page, "/metrics",
-    ] {
+    for page in ["/", "/errored", "/live", "/runners", &turn_page, &chat_page] {
         let (status, _, body) = http(&url, "GET", page, &[("Cookie", &cookie)], "").await;
         assert_eq!(status, 200, "{page}: {body}");
     }
@@ -310,6 +310,30 @@ async fn the_dashboard_reads_and_acts_with_only_its_own_rights() {
     let killed = wait_ended(&admin, &hung, T).await;
     assert_eq!(killed.state, TurnState::Killed);
     assert_eq!(killed.kill.map(|k| k.by), Some("op".to_owned()));
+    // Its cluster gauges (for metrics_listen), read with its own rights.
+    let gauges = eventually(T, "the cluster gauges read", || {
+        let text = metrics().unwrap_or_default();
+        std::future::ready(
+            text.contains("turnpike_cluster_runner_slots")
+                .then_some(text),
+        )
+    })
+    .await;
+    assert!(
+        gauges.contains("turnpike_cluster_coordinators 1"),
+        "{gauges}"
+    );
+    // Its logout, shared through the sessions bucket.
+    let (_, _, page) = http(&url, "GET", "/live", &[("Cookie", &cookie)], "").await;
+    let (status, _, _) = http(
+        &url,
+        "POST",
+        "/logout",
+        &[("Cookie", &cookie), ("Origin", &url)],
+        &format!("csrf={}", csrf_of(&page)),
+    )
+    .await;
+    assert_eq!(status, 303);
 
     assert_no_violations(&server, "the dashboard lacked a permission it needs");
     // It may not write state, publish for a chat, or pose as a runner or coordinator.

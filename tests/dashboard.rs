@@ -100,6 +100,7 @@ async fn start_dashboard_with(
         users,
         key: SessionKey::random().expect("key"),
         session_ttl: Duration::from_secs(3600),
+        proxies: Default::default(),
     };
     let listener = Dashboard::bind("127.0.0.1:0").await.expect("bind");
     let url = format!("{scheme}://{}", listener.local_addr().expect("addr"));
@@ -264,3 +265,5 @@ mod browser;
 mod http;
 #[path = "dashboard/replies.rs"]
 mod replies;
+#[path = "dashboard/security.rs"]
+mod security;

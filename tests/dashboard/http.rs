@@ -115,12 +115,6 @@ async fn the_dashboards_http_checks_hold() {
     let (status, _, _) = http(&base, "POST", "/login", &[("Origin", &base)], &body).await;
     assert_eq!(status, 429);
 
-    // Metrics need no login and say what is live.
-    let (status, _, metrics) = http(&base, "GET", "/metrics", &[], "").await;
-    assert_eq!(status, 200);
-    assert!(metrics.contains("turnpike_runner_slots 2"), "{metrics}");
-    assert!(metrics.contains("turnpike_coordinators 1"), "{metrics}");
-
     stop.cancel();
     p.stop().await;
 }

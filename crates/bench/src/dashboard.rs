@@ -100,6 +100,7 @@ pub async fn page_time(out: &mut String, stored: usize) -> Result<()> {
         users,
         key: SessionKey::random()?,
         session_ttl: Duration::from_secs(3600),
+        proxies: Default::default(),
     };
     let listener = Dashboard::bind("127.0.0.1:0").await?;
     let base = format!("http://{}", listener.local_addr()?);

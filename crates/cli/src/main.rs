@@ -430,9 +430,9 @@ async fn run(command: Command, config: Config, json: bool) -> Result<std::proces
             let Some(bus) = role_bus(&config, "turnpike-dashboard", &shutdown).await? else {
                 return Ok(ExitCode::SUCCESS);
             };
-            turnpike_dashboard::Dashboard::new(bus, config, access)?
-                .serve(listener, shutdown)
-                .await?;
+            let dashboard = turnpike_dashboard::Dashboard::new(bus, config.clone(), access)?;
+            serve_metrics(&config, vec![Box::new(dashboard.metrics())], &shutdown).await?;
+            dashboard.serve(listener, shutdown).await?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Watch { chat, limit } => {

@@ -59,11 +59,15 @@ pub async fn run(mut config: Config, demo: bool) -> Result<ExitCode> {
     // The dashboard, except in the demo (which exits when its script ends). Bound before the
     // roles start, so it answers by the time the pipeline does.
     let mut dashboard_login = None;
+    // Every role's metrics, on one `metrics_listen` for the whole process.
+    let mut metrics: Vec<Box<dyn Fn() -> Result<String, std::fmt::Error> + Send + Sync>> =
+        Vec::new();
     if !demo {
         let (access, login) = dashboard_access(&config)?;
         dashboard_login = login;
         let listener = turnpike_dashboard::Dashboard::bind(&config.dashboard_listen).await?;
         let dashboard = turnpike_dashboard::Dashboard::new(bus.clone(), config.clone(), access)?;
+        metrics.push(Box::new(dashboard.metrics()));
         let token = shutdown.clone();
         roles.spawn(async move {
             dashboard
@@ -73,9 +77,6 @@ pub async fn run(mut config: Config, demo: bool) -> Result<ExitCode> {
         });
     }
 
-    // Every role's metrics, on one `metrics_listen` for the whole process.
-    let mut metrics: Vec<Box<dyn Fn() -> Result<String, std::fmt::Error> + Send + Sync>> =
-        Vec::new();
     {
         let dispatcher = turnpike_dispatcher::Dispatcher::new(bus.clone(), config.clone());
         let counters = dispatcher.counters();
@@ -252,6 +253,7 @@ fn dashboard_access(config: &Config) -> Result<(turnpike_dashboard::Access, Opti
         users,
         key: turnpike_dashboard::SessionKey::random()?,
         session_ttl: config.dashboard_session_ttl,
+        proxies: Default::default(),
     };
     Ok((access, Some(password)))
 }

@@ -229,6 +229,11 @@ pub struct Config {
     /// Mark the session cookie `Secure` (set it when the dashboard is reached over HTTPS, e.g.
     /// behind a TLS-terminating proxy).
     pub dashboard_secure_cookie: bool,
+    /// Proxies in front of the dashboard whose `X-Forwarded-For` is believed: comma-separated
+    /// addresses or networks (`10.0.0.0/8`). Logins are limited per client address: without
+    /// this, operators behind one proxy share one address and one limit; a header from anyone
+    /// else is ignored.
+    pub dashboard_trusted_proxies: Option<String>,
     /// Serve the dashboard over HTTPS with this certificate chain and key (PEM files); both or
     /// neither. With TLS, the session cookie is `Secure`.
     pub dashboard_tls_cert: Option<PathBuf>,
@@ -304,6 +309,7 @@ impl Default for Config {
             dashboard_session_key_file: None,
             dashboard_session_ttl: Duration::from_secs(12 * 3600),
             dashboard_secure_cookie: false,
+            dashboard_trusted_proxies: None,
             dashboard_tls_cert: None,
             dashboard_tls_key: None,
             metrics_listen: None,

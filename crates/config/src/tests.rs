@@ -204,7 +204,9 @@ fn unsafe_container_settings_and_unfitting_limits_are_refused() {
     };
     // Issue 33: as the engine reads a user, "00" and "+0" are uid 0 too, and a name may be
     // anything in the image.
-    for user in ["0", "0:0", "root", "", " ", "00", "+0", "-0", "1000:0", "nobody"] {
+    for user in [
+        "0", "0:0", "root", "", " ", "00", "+0", "-0", "1000:0", "nobody",
+    ] {
         refused(
             Config {
                 agent_user: user.into(),

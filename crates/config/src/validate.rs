@@ -137,7 +137,9 @@ impl Config {
             return Err(invalid(
                 "agent_user",
                 format!("{:?}", self.agent_user),
-                &format!("{why}; agent containers must run as a numeric non-root user, e.g. 65534:65534"),
+                &format!(
+                    "{why}; agent containers must run as a numeric non-root user, e.g. 65534:65534"
+                ),
             ));
         }
         if let Err(why) = network_mode(&self.network_mode) {
@@ -274,7 +276,9 @@ fn agent_user(user: &str) -> Result<(), String> {
 /// container's network namespace (`container:<id>`), which would share what that one reaches.
 fn network_mode(mode: &str) -> Result<(), &'static str> {
     if mode == "host" {
-        return Err("agent containers may not share the host's network; use none, bridge or a network name");
+        return Err(
+            "agent containers may not share the host's network; use none, bridge or a network name",
+        );
     }
     let name_ok = mode
         .bytes()
@@ -293,7 +297,23 @@ mod checks {
     /// The engine reads `00`, `+0` and `-0` as uid 0: each is root.
     #[test]
     fn agent_users_are_read_as_the_engine_reads_them() {
-        for root in ["0", "00", "+0", "-0", "000:1000", "1000:0", "1000:+00", "-5", "root", "", " 1000", "1000 ", "0x10", "1000:root", "nobody"] {
+        for root in [
+            "0",
+            "00",
+            "+0",
+            "-0",
+            "000:1000",
+            "1000:0",
+            "1000:+00",
+            "-5",
+            "root",
+            "",
+            " 1000",
+            "1000 ",
+            "0x10",
+            "1000:root",
+            "nobody",
+        ] {
             assert!(agent_user(root).is_err(), "{root:?} accepted");
         }
         for ok in ["65534:65534", "1000", "1000:1000", "01000", "+1000:1000"] {
@@ -306,7 +326,15 @@ mod checks {
 
     #[test]
     fn network_modes_never_share_anothers_namespace() {
-        for bad in ["host", "container:abc", "container:", "ns:/proc/1/ns/net", "", " none", "-x"] {
+        for bad in [
+            "host",
+            "container:abc",
+            "container:",
+            "ns:/proc/1/ns/net",
+            "",
+            " none",
+            "-x",
+        ] {
             assert!(network_mode(bad).is_err(), "{bad:?} accepted");
         }
         for ok in ["none", "bridge", "turnpike-agents", "my_net.1"] {

@@ -24,6 +24,8 @@ pub const BUCKET_CLAIMS: &str = "turnpike_claims";
 pub const BUCKET_LEASES: &str = "turnpike_leases";
 pub const BUCKET_LIVE: &str = "turnpike_live";
 pub const BUCKET_RUNNERS: &str = "turnpike_runners";
+/// Dashboard sessions ended before their time (a logout), by nonce.
+pub const BUCKET_SESSIONS: &str = "turnpike_sessions";
 pub const OBJECTS_ATTACHMENTS: &str = "turnpike_attachments";
 
 // Wildcards for stream subjects and consumer filters.

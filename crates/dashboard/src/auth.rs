@@ -1,9 +1,13 @@
 //! Who may use the dashboard: operators from a users file (argon2 password hashes), sessions in a
 //! signed cookie, a CSRF token bound to the session, and a login rate limit per client address.
 //!
-//! The session is the cookie: `<user>:<expires-ms>:<nonce>:<hmac>`, HMAC-SHA256 over the first
-//! three fields with the dashboard's session key. No session table, so any number of dashboard
-//! processes sharing one key accept each other's sessions, and a restart logs nobody out.
+//! The session is the cookie: `<user>:<expires-ms>:<nonce>:<fingerprint>:<hmac>`, HMAC-SHA256
+//! over the first four fields with the dashboard's session key; the fingerprint is a digest of
+//! the operator's password hash when the session began. No session table, so any number of
+//! dashboard processes sharing one key accept each other's sessions, and a restart logs nobody
+//! out; a session ends early when its operator is removed or gets a new password (the
+//! fingerprint no longer matches the users file) or logs out (its nonce is put in the
+//! `turnpike_sessions` bucket, which every dashboard watches).
 
 use argon2::password_hash::{PasswordHash, PasswordHasher, PasswordVerifier, SaltString};
 use argon2::Argon2;
@@ -97,6 +101,15 @@ impl Users {
         self.by_name.is_empty()
     }
 
+    /// A short digest of `name`'s password hash, `None` for no such operator. A session carries
+    /// the one its operator had when it began: removed, or given a new password, the operator's
+    /// sessions end at once.
+    pub fn fingerprint(&self, name: &str) -> Option<String> {
+        use sha2::Digest;
+        let phc = self.by_name.get(name)?;
+        Some(hex(&Sha256::digest(phc.as_bytes())[..8]))
+    }
+
     pub fn len(&self) -> usize {
         self.by_name.len()
     }
@@ -157,7 +170,10 @@ fn unhex(s: &str) -> Option<Vec<u8>> {
 pub struct Session {
     pub user: String,
     pub expires_ms: u64,
-    nonce: String,
+    /// Unique to this session: what a logout revokes.
+    pub nonce: String,
+    /// The operator's [`Users::fingerprint`] when the session began.
+    pub fingerprint: String,
 }
 
 /// The key sessions and CSRF tokens are signed with.
@@ -199,10 +215,17 @@ impl SessionKey {
         m
     }
 
-    /// A new session cookie value for `user`, valid for `ttl` from `now_ms`.
-    pub fn issue(&self, user: &str, now_ms: u64, ttl: Duration) -> Result<String, DashboardError> {
+    /// A new session cookie value for `user` (whose [`Users::fingerprint`] is `fingerprint`),
+    /// valid for `ttl` from `now_ms`.
+    pub fn issue(
+        &self,
+        user: &str,
+        fingerprint: &str,
+        now_ms: u64,
+        ttl: Duration,
+    ) -> Result<String, DashboardError> {
         let expires = now_ms.saturating_add(ttl.as_millis() as u64);
-        let payload = format!("{user}:{expires}:{}", hex(&random::<12>()?));
+        let payload = format!("{user}:{expires}:{}:{fingerprint}", hex(&random::<12>()?));
         let tag = hex(&self.mac("session", &payload).finalize().into_bytes());
         Ok(format!("{payload}:{tag}"))
     }
@@ -212,10 +235,11 @@ impl SessionKey {
         let (payload, tag) = cookie.rsplit_once(':')?;
         let tag = unhex(tag)?;
         self.mac("session", payload).verify_slice(&tag).ok()?;
-        let mut parts = payload.splitn(3, ':');
+        let mut parts = payload.splitn(4, ':');
         let user = parts.next()?;
         let expires_ms: u64 = parts.next()?.parse().ok()?;
         let nonce = parts.next()?;
+        let fingerprint = parts.next()?;
         if !valid_name(user) || expires_ms <= now_ms {
             return None;
         }
@@ -223,6 +247,7 @@ impl SessionKey {
             user: user.to_owned(),
             expires_ms,
             nonce: nonce.to_owned(),
+            fingerprint: fingerprint.to_owned(),
         })
     }
 
@@ -244,46 +269,199 @@ impl SessionKey {
 /// Failed logins allowed per client address in one window; later attempts in the window are
 /// refused without checking the password.
 pub const LOGIN_FAILURES_PER_WINDOW: u32 = 5;
+/// Failed logins allowed per operator name in one window, from any addresses: an attacker with
+/// many addresses guesses no faster than this.
+pub const LOGIN_NAME_FAILURES_PER_WINDOW: u32 = 20;
 pub const LOGIN_WINDOW: Duration = Duration::from_secs(60);
+/// Passwords checked at once (each argon2 check takes ~19 MiB and tens of milliseconds); more
+/// logins at the same moment are refused at once, before any work.
+pub const LOGIN_CHECKS_AT_ONCE: usize = 2;
+/// Windows remembered per map: past this many live ones, further logins are refused until the
+/// oldest end (a flood of addresses or names cannot grow memory).
+const LOGIN_WINDOWS_MAX: usize = 10_000;
 
-/// Failed-login counts per client address (in memory: a restart forgets them, which only
-/// resets the window).
-#[derive(Default)]
+/// Why a login was refused before its password was checked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LoginRefused {
+    /// Too many failures from this address, or for this name, in the window.
+    TooMany,
+    /// Too many password checks under way right now.
+    Busy,
+}
+
+/// One window of counted attempts: when it began, and how many failed (or may yet).
+type Window = (u64, u32);
+
+/// Login attempts per client address and per operator name (in memory: a restart forgets
+/// them, which only resets the windows). Every attempt counts as a failure *before* its password
+/// is checked, and only a success takes it back: attempts made at the same moment cannot all
+/// pass the limit together.
 pub struct LoginLimiter {
-    failures: Mutex<HashMap<IpAddr, (u64, u32)>>,
+    by_address: Mutex<HashMap<IpAddr, Window>>,
+    by_name: Mutex<HashMap<String, Window>>,
+    checks: std::sync::Arc<tokio::sync::Semaphore>,
+}
+
+impl Default for LoginLimiter {
+    fn default() -> Self {
+        LoginLimiter {
+            by_address: Mutex::default(),
+            by_name: Mutex::default(),
+            checks: std::sync::Arc::new(tokio::sync::Semaphore::new(LOGIN_CHECKS_AT_ONCE)),
+        }
+    }
+}
+
+/// A login attempt counted as failed until [`Attempt::succeeded`]; it holds one of the few
+/// password-check slots while it lives.
+pub struct Attempt<'a> {
+    limiter: &'a LoginLimiter,
+    ip: IpAddr,
+    name: String,
+    _check: tokio::sync::OwnedSemaphorePermit,
+}
+
+impl Attempt<'_> {
+    /// The password was right: this attempt, and the address's earlier failures, are forgotten.
+    pub fn succeeded(self) {
+        lock(&self.limiter.by_address).remove(&self.ip);
+        if let Some(w) = lock(&self.limiter.by_name).get_mut(&self.name) {
+            w.1 = w.1.saturating_sub(1);
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Count one more attempt in `key`'s window of `map`, if it stays within `max`.
+fn count<K: std::hash::Hash + Eq + Clone>(
+    map: &Mutex<HashMap<K, Window>>,
+    key: &K,
+    max: u32,
+    now_ms: u64,
+) -> Result<(), LoginRefused> {
+    let window = LOGIN_WINDOW.as_millis() as u64;
+    let mut map = lock(map);
+    if map.len() >= LOGIN_WINDOWS_MAX && !map.contains_key(key) {
+        map.retain(|_, (start, _)| now_ms < *start + window);
+        if map.len() >= LOGIN_WINDOWS_MAX {
+            return Err(LoginRefused::TooMany);
+        }
+    }
+    let w = map.entry(key.clone()).or_insert((now_ms, 0));
+    if now_ms >= w.0 + window {
+        *w = (now_ms, 0);
+    }
+    if w.1 >= max {
+        return Err(LoginRefused::TooMany);
+    }
+    w.1 += 1;
+    Ok(())
 }
 
 impl LoginLimiter {
-    /// Whether `ip` may try a password now.
-    pub fn allowed(&self, ip: IpAddr, now_ms: u64) -> bool {
-        let map = self.failures.lock().unwrap_or_else(|p| p.into_inner());
-        match map.get(&ip) {
-            Some((start, n)) if now_ms < start + LOGIN_WINDOW.as_millis() as u64 => {
-                *n < LOGIN_FAILURES_PER_WINDOW
+    /// Count an attempt by `ip` for operator `name` before its password is checked; refused if
+    /// the address or the name has used up its window, or too many checks are under way.
+    pub fn begin(&self, ip: IpAddr, name: &str, now_ms: u64) -> Result<Attempt<'_>, LoginRefused> {
+        let check = self
+            .checks
+            .clone()
+            .try_acquire_owned()
+            .map_err(|_| LoginRefused::Busy)?;
+        // Unknown and invalid names share one window: what is not a name is not remembered.
+        let name = if valid_name(name) { name } else { "" };
+        count(&self.by_address, &ip, LOGIN_FAILURES_PER_WINDOW, now_ms)?;
+        if let Err(e) = count(
+            &self.by_name,
+            &name.to_owned(),
+            LOGIN_NAME_FAILURES_PER_WINDOW,
+            now_ms,
+        ) {
+            // Not counted against the address after all: it was the name that was full.
+            if let Some(w) = lock(&self.by_address).get_mut(&ip) {
+                w.1 = w.1.saturating_sub(1);
             }
-            _ => true,
+            return Err(e);
         }
+        Ok(Attempt {
+            limiter: self,
+            ip,
+            name: name.to_owned(),
+            _check: check,
+        })
+    }
+}
+
+/// Proxies whose `X-Forwarded-For` is believed (`dashboard_trusted_proxies`): addresses or
+/// networks (`10.0.0.0/8`, `fd00::/8`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TrustedProxies(Vec<(IpAddr, u8)>);
+
+impl TrustedProxies {
+    /// A comma-separated list of addresses and networks.
+    pub fn parse(list: &str) -> Result<TrustedProxies, String> {
+        let mut nets = Vec::new();
+        for item in list.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+            let (addr, bits) = match item.split_once('/') {
+                Some((a, b)) => (a, Some(b)),
+                None => (item, None),
+            };
+            let ip: IpAddr = addr
+                .parse()
+                .map_err(|_| format!("{item:?} is not an address or a network"))?;
+            let max = if ip.is_ipv4() { 32 } else { 128 };
+            let bits = match bits {
+                Some(b) => b
+                    .parse::<u8>()
+                    .ok()
+                    .filter(|b| *b <= max)
+                    .ok_or_else(|| format!("{item:?}: a prefix length is 0 to {max}"))?,
+                None => max,
+            };
+            nets.push((ip, bits));
+        }
+        Ok(TrustedProxies(nets))
     }
 
-    pub fn failed(&self, ip: IpAddr, now_ms: u64) {
-        let mut map = self.failures.lock().unwrap_or_else(|p| p.into_inner());
-        // Keep the map bounded: forget windows that have ended.
-        if map.len() > 10_000 {
-            map.retain(|_, (start, _)| now_ms < *start + LOGIN_WINDOW.as_millis() as u64);
-        }
-        let e = map.entry(ip).or_insert((now_ms, 0));
-        if now_ms >= e.0 + LOGIN_WINDOW.as_millis() as u64 {
-            *e = (now_ms, 0);
-        }
-        e.1 += 1;
+    pub fn contains(&self, ip: IpAddr) -> bool {
+        self.0.iter().any(|(net, bits)| match (net, ip) {
+            (IpAddr::V4(n), IpAddr::V4(a)) => prefix(&n.octets(), &a.octets(), *bits),
+            (IpAddr::V6(n), IpAddr::V6(a)) => prefix(&n.octets(), &a.octets(), *bits),
+            _ => false,
+        })
     }
 
-    pub fn succeeded(&self, ip: IpAddr) {
-        self.failures
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(&ip);
+    /// The client's address: the peer's, unless the peer is a trusted proxy; then the
+    /// nearest address in `X-Forwarded-For` (read from the right) that is not one.
+    pub fn client(&self, peer: IpAddr, forwarded_for: Option<&str>) -> IpAddr {
+        if !self.contains(peer) {
+            return peer;
+        }
+        let Some(chain) = forwarded_for else {
+            return peer;
+        };
+        for hop in chain.rsplit(',').map(str::trim) {
+            let Ok(ip) = hop.parse::<IpAddr>() else {
+                // Unreadable: the proxy's own report ends here.
+                return peer;
+            };
+            if !self.contains(ip) {
+                return ip;
+            }
+        }
+        peer
     }
+}
+
+/// Do `a` and `b` share their first `bits` bits?
+fn prefix(a: &[u8], b: &[u8], bits: u8) -> bool {
+    let (whole, rest) = ((bits / 8) as usize, bits % 8);
+    if a[..whole] != b[..whole] {
+        return false;
+    }
+    rest == 0 || (a[whole] ^ b[whole]) >> (8 - rest) == 0
 }
 
 #[cfg(test)]
@@ -329,7 +507,7 @@ mod tests {
     fn a_session_verifies_until_it_expires_and_not_after_tampering() {
         let k = key();
         let c = k
-            .issue("alice", 1_000, Duration::from_secs(10))
+            .issue("alice", "f1", 1_000, Duration::from_secs(10))
             .expect("issue");
         let s = k.verify(&c, 5_000).expect("valid");
         assert_eq!(s.user, "alice");
@@ -352,13 +530,15 @@ mod tests {
         let k = key();
         let a = k
             .verify(
-                &k.issue("alice", 0, Duration::from_secs(60)).expect("issue"),
+                &k.issue("alice", "f1", 0, Duration::from_secs(60))
+                    .expect("issue"),
                 1,
             )
             .expect("a");
         let b = k
             .verify(
-                &k.issue("alice", 0, Duration::from_secs(60)).expect("issue"),
+                &k.issue("alice", "f1", 0, Duration::from_secs(60))
+                    .expect("issue"),
                 1,
             )
             .expect("b");
@@ -369,21 +549,68 @@ mod tests {
     }
 
     #[test]
-    fn logins_are_limited_per_address_and_window() {
+    fn logins_are_counted_before_their_check_per_address_and_per_name() {
         let l = LoginLimiter::default();
         let ip: IpAddr = [127, 0, 0, 1].into();
         let other: IpAddr = [127, 0, 0, 2].into();
-        for _ in 0..LOGIN_FAILURES_PER_WINDOW {
-            assert!(l.allowed(ip, 0));
-            l.failed(ip, 0);
+        // Attempts held at once (being checked) count already; only two checks at a time.
+        let a = l.begin(ip, "ops", 0).expect("first");
+        let b = l.begin(ip, "ops", 0).expect("second");
+        assert_eq!(l.begin(ip, "ops", 0).err(), Some(LoginRefused::Busy));
+        drop((a, b));
+        for _ in 2..LOGIN_FAILURES_PER_WINDOW {
+            drop(l.begin(ip, "ops", 0).expect("within the window"));
         }
-        assert!(!l.allowed(ip, 1));
-        assert!(l.allowed(other, 1));
+        assert_eq!(l.begin(ip, "ops", 1).err(), Some(LoginRefused::TooMany));
+        assert!(l.begin(other, "ops", 1).is_ok(), "another address");
         assert!(
-            l.allowed(ip, LOGIN_WINDOW.as_millis() as u64),
+            l.begin(ip, "ops", LOGIN_WINDOW.as_millis() as u64).is_ok(),
             "a new window"
         );
-        l.succeeded(ip);
-        assert!(l.allowed(ip, 1));
+        // A success forgets the address's failures.
+        l.begin(other, "ops", 2).expect("ok").succeeded();
+        // One name from many addresses: limited too.
+        let n = LoginLimiter::default();
+        for i in 0..LOGIN_NAME_FAILURES_PER_WINDOW {
+            drop(
+                n.begin([10, 0, 0, i as u8].into(), "ops", 0)
+                    .expect("within"),
+            );
+        }
+        assert_eq!(
+            n.begin([10, 0, 1, 1].into(), "ops", 0).err(),
+            Some(LoginRefused::TooMany)
+        );
+        assert!(
+            n.begin([10, 0, 1, 1].into(), "alice", 0).is_ok(),
+            "another name"
+        );
+    }
+
+    #[test]
+    fn a_forwarded_address_is_believed_only_from_a_trusted_proxy() {
+        let t = TrustedProxies::parse("10.0.0.0/8, 192.168.1.5, fd00::/8").expect("parse");
+        let proxy: IpAddr = [10, 1, 2, 3].into();
+        let stranger: IpAddr = [203, 0, 113, 9].into();
+        assert_eq!(
+            t.client(proxy, Some("198.51.100.7, 10.9.9.9")),
+            "198.51.100.7".parse::<IpAddr>().expect("ip")
+        );
+        assert_eq!(
+            t.client(stranger, Some("198.51.100.7")),
+            stranger,
+            "spoofed"
+        );
+        assert_eq!(t.client(proxy, None), proxy);
+        assert_eq!(t.client(proxy, Some("garbage")), proxy);
+        assert!(t.contains("192.168.1.5".parse().expect("ip")));
+        assert!(!t.contains("192.168.1.6".parse().expect("ip")));
+        assert!(t.contains("fd12::1".parse().expect("ip")));
+        assert!(TrustedProxies::parse("10.0.0.0/33").is_err());
+        assert!(TrustedProxies::parse("proxy.example").is_err());
+        assert_eq!(
+            TrustedProxies::parse("").expect("none"),
+            TrustedProxies::default()
+        );
     }
 }

@@ -8,6 +8,7 @@ mod changes;
 pub mod metrics;
 pub mod pages;
 pub mod read;
+mod sessions;
 mod web;
 
 use std::path::PathBuf;
@@ -48,6 +49,8 @@ pub enum DashboardError {
     Tls(String),
     #[error("cannot read {what}: {why}")]
     Read { what: String, why: String },
+    #[error("{key}: {why}")]
+    BadSetting { key: &'static str, why: String },
 }
 
 /// Who may log in and how sessions are signed.
@@ -55,6 +58,8 @@ pub struct Access {
     pub users: Users,
     pub key: SessionKey,
     pub session_ttl: Duration,
+    /// Whose `X-Forwarded-For` names the client.
+    pub proxies: auth::TrustedProxies,
 }
 
 impl Access {
@@ -72,10 +77,17 @@ impl Access {
             Some(p) => SessionKey::from_file(p)?,
             None => SessionKey::random()?,
         };
+        let proxies =
+            auth::TrustedProxies::parse(config.dashboard_trusted_proxies.as_deref().unwrap_or(""))
+                .map_err(|why| DashboardError::BadSetting {
+                    key: "dashboard_trusted_proxies",
+                    why,
+                })?;
         Ok(Access {
             users,
             key,
             session_ttl: config.dashboard_session_ttl,
+            proxies,
         })
     }
 }
@@ -92,6 +104,12 @@ impl Dashboard {
         Ok(Dashboard {
             state: Arc::new(web::State::new(bus, config, access)),
         })
+    }
+
+    /// The cluster gauges, for this process's `metrics_listen` (as the other roles' metrics).
+    pub fn metrics(&self) -> impl Fn() -> Result<String, std::fmt::Error> + Send + Sync {
+        let state = self.state.clone();
+        move || Ok(state.metrics.cached(&state.bus))
     }
 
     pub async fn bind(addr: &str) -> Result<TcpListener, DashboardError> {
@@ -111,6 +129,7 @@ impl Dashboard {
     ) -> Result<(), DashboardError> {
         let changes = changes::spawn(self.state.bus.clone(), shutdown.clone());
         self.state.set_changes(changes, shutdown.clone());
+        tokio::spawn(sessions::follow(self.state.clone(), shutdown.clone()));
         let app = web::router(self.state.clone());
         if let Ok(addr) = listener.local_addr() {
             tracing::info!(%addr, "dashboard listening");

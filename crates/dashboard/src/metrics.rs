@@ -1,5 +1,10 @@
-//! `/metrics` of the dashboard, in the Prometheus text format: the cluster as JetStream shows it
-//! (live turns by state, work queue depth, runner slots, errored chats), read when scraped.
+//! The dashboard's cluster gauges, in the Prometheus text format: the cluster as JetStream shows
+//! it (live turns by state, work queue depth, runner slots, errored chats). Served on
+//! `metrics_listen`, the listener every role serves its `/metrics` on (bound where scrapers
+//! reach it, not where the public does), never on the dashboard's own: a scraper holds no
+//! session, and the public listener does only logged-in work. Read at most once per
+//! [`REFRESH`], whoever scrapes, however often: a scrape of stale gauges returns them and starts
+//! one read in the background; no request reads the cluster itself.
 //!
 //! Counters of what happened (turns ended, retries, deaths) belong to the coordinators that did
 //! it: each exports its own on `metrics_listen`, and Prometheus adds them up
@@ -12,7 +17,6 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
-use crate::web::State;
 use crate::DashboardError;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -20,7 +24,14 @@ pub struct StateLabel {
     pub state: String,
 }
 
+/// How old the gauges may be before a scrape starts a new read.
+pub const REFRESH: std::time::Duration = std::time::Duration::from_secs(15);
+
 pub struct ClusterMetrics {
+    /// The last text, and when it was read (`None`: never yet).
+    last: std::sync::Mutex<(Option<std::time::Instant>, String)>,
+    /// A read is under way: no second one starts meanwhile.
+    reading: std::sync::atomic::AtomicBool,
     registry: Registry,
     live: Family<StateLabel, Gauge>,
     queue: Gauge,
@@ -39,7 +50,9 @@ impl Default for ClusterMetrics {
 
 impl ClusterMetrics {
     pub fn new() -> Self {
-        let mut registry = Registry::with_prefix("turnpike");
+        // `turnpike_cluster_*`: served beside each role's own metrics (`turnpike up` serves them
+        // all on one listener), the cluster's gauges never share a name with a role's.
+        let mut registry = Registry::with_prefix("turnpike_cluster");
         let live = Family::<StateLabel, Gauge>::default();
         let (queue, runners, slots, slots_in_use, errored, coordinators) = (
             Gauge::default(),
@@ -77,6 +90,8 @@ impl ClusterMetrics {
             coordinators.clone(),
         );
         ClusterMetrics {
+            last: std::sync::Mutex::new((None, String::new())),
+            reading: std::sync::atomic::AtomicBool::new(false),
             registry,
             live,
             queue,
@@ -88,8 +103,36 @@ impl ClusterMetrics {
         }
     }
 
-    pub async fn render(&self, state: &State) -> Result<String, DashboardError> {
-        let o = crate::read::overview(&state.bus).await?;
+    /// The gauges as last read; if they are older than [`REFRESH`] (or were never read), one
+    /// read starts in the background, and a later scrape sees it.
+    pub fn cached(self: &std::sync::Arc<Self>, bus: &turnpike_jetstream::Bus) -> String {
+        use std::sync::atomic::Ordering;
+        let (stale, text) = {
+            let last = self.last.lock().unwrap_or_else(|p| p.into_inner());
+            (
+                last.0.is_none_or(|t| t.elapsed() >= REFRESH),
+                last.1.clone(),
+            )
+        };
+        if stale && !self.reading.swap(true, Ordering::SeqCst) {
+            let (me, bus) = (self.clone(), bus.clone());
+            tokio::spawn(async move {
+                match me.read(&bus).await {
+                    Ok(text) => {
+                        *me.last.lock().unwrap_or_else(|p| p.into_inner()) =
+                            (Some(std::time::Instant::now()), text)
+                    }
+                    Err(e) => tracing::warn!(error = %e, "cluster gauges not read"),
+                }
+                me.reading.store(false, Ordering::SeqCst);
+            });
+        }
+        text
+    }
+
+    /// Read the cluster now (the one place a whole scan happens, at most once per [`REFRESH`]).
+    async fn read(&self, bus: &turnpike_jetstream::Bus) -> Result<String, DashboardError> {
+        let o = crate::read::overview(bus).await?;
         self.live.clear();
         for s in ["waiting", "queued", "running", "pending_retry"] {
             self.live

@@ -77,7 +77,7 @@ macro_rules! consumer_file {
     };
 }
 
-pub const STREAM_FILES: [StreamFile; 12] = [
+pub const STREAM_FILES: [StreamFile; 13] = [
     stream_file!("TURNPIKE_CHAT_IN", Retention::Chat),
     stream_file!("TURNPIKE_CHAT_OUT", Retention::Chat),
     stream_file!("TURNPIKE_WORK", Retention::Work),
@@ -89,6 +89,7 @@ pub const STREAM_FILES: [StreamFile; 12] = [
     stream_file!("KV_turnpike_leases", Retention::Turns),
     stream_file!("KV_turnpike_live", Retention::PerKey),
     stream_file!("KV_turnpike_runners", Retention::Events),
+    stream_file!("KV_turnpike_sessions", Retention::PerKey),
     stream_file!("OBJ_turnpike_attachments", Retention::Attachments),
 ];
 
@@ -184,7 +185,12 @@ mod tests {
         assert_eq!(streams.len(), STREAM_FILES.len());
         // Bounded storage: by age, or (what may wait for a long time: live turns, their chats)
         // by a TTL each key is given once nothing waits on it.
-        let per_key = ["KV_turnpike_turns", "KV_turnpike_chats", "KV_turnpike_live"];
+        let per_key = [
+            "KV_turnpike_turns",
+            "KV_turnpike_chats",
+            "KV_turnpike_live",
+            "KV_turnpike_sessions",
+        ];
         for s in &streams {
             assert_eq!(s.num_replicas, 3, "{}", s.name);
             if per_key.contains(&s.name.as_str()) {

@@ -1,8 +1,8 @@
 //! Every POST: the login, the logout and the actions, each checked (session, origin, CSRF).
 
 use super::{session, urlencode, Shared, State};
-use crate::auth::Session;
 use crate::auth::SESSION_COOKIE;
+use crate::auth::{LoginRefused, Session};
 use crate::pages::{self};
 use axum::extract::{ConnectInfo, Form, Path, Query, State as AxState};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
@@ -166,10 +166,33 @@ pub(super) struct NextQuery {
     next: Option<String>,
 }
 
+/// Where to go after logging in: only a page this dashboard serves (its path, and a plain
+/// query), else the overview. Anything else is refused, whatever a browser would make of it:
+/// another host (`//evil`), a tab or newline browsers strip (`/\t/evil.com` becomes `//evil.com`),
+/// a backslash.
 fn safe_next(next: Option<&str>) -> String {
-    next.filter(|n| n.starts_with('/') && !n.starts_with("//") && !n.contains('\\'))
-        .unwrap_or("/")
-        .to_owned()
+    next.filter(|n| is_page(n)).unwrap_or("/").to_owned()
+}
+
+/// Is `next` a page the router serves: `/`, `/errored`, `/live`, `/runners`, `/turns/<id>` or
+/// `/chats/<id>` (ids as the wire allows them), with an optional query of plain characters?
+pub(super) fn is_page(next: &str) -> bool {
+    let (path, query) = next.split_once('?').unwrap_or((next, ""));
+    let id = |s: &str| {
+        !s.is_empty()
+            && s.len() <= 128
+            && s.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+    };
+    let page = match path.split('/').collect::<Vec<_>>().as_slice() {
+        ["", ""] | ["", "errored" | "live" | "runners"] => true,
+        ["", "turns" | "chats", x] => id(x),
+        _ => false,
+    };
+    let plain_query = query
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || b"=&_-.%+".contains(&b));
+    page && plain_query
 }
 
 pub(super) async fn login_page(Query(q): Query<NextQuery>) -> Response {
@@ -200,34 +223,46 @@ pub(super) async fn login(
             .into_response();
     }
     let t = now().millis();
-    if !state.limiter.allowed(peer.ip(), t) {
-        tracing::warn!(ip = %peer.ip(), "dashboard login rate-limited");
-        return (
-            StatusCode::TOO_MANY_REQUESTS,
-            Html(pages::login(Some("Too many failed logins; wait a minute."), &next).into_string()),
-        )
-            .into_response();
-    }
+    let forwarded = headers.get("x-forwarded-for").and_then(|v| v.to_str().ok());
+    let client = state.access.proxies.client(peer.ip(), forwarded);
+    let shown = turnpike_core::sizes::quote(&form.user);
+    // Counted before the password is checked: logins at the same moment cannot all pass.
+    let attempt = match state.limiter.begin(client, &form.user, t) {
+        Ok(a) => a,
+        Err(why) => {
+            tracing::warn!(ip = %client, user = %shown, ?why, "dashboard login refused before its check");
+            let msg = match why {
+                LoginRefused::TooMany => "Too many failed logins; wait a minute.",
+                LoginRefused::Busy => "Too many logins at once; try again in a moment.",
+            };
+            return (
+                StatusCode::TOO_MANY_REQUESTS,
+                Html(pages::login(Some(msg), &next).into_string()),
+            )
+                .into_response();
+        }
+    };
     // The hash check takes tens of milliseconds of CPU: off the async workers.
-    let users = state.access.users.clone();
+    let users = state.users();
     let (user, password) = (form.user.clone(), form.password);
     let ok = tokio::task::spawn_blocking(move || users.verify(&user, &password))
         .await
         .unwrap_or(false);
     if !ok {
-        state.limiter.failed(peer.ip(), t);
-        tracing::warn!(ip = %peer.ip(), user = %form.user, "dashboard login failed");
+        drop(attempt);
+        tracing::warn!(ip = %client, user = %shown, "dashboard login failed");
         return (
             StatusCode::UNAUTHORIZED,
             Html(pages::login(Some("Wrong operator name or password."), &next).into_string()),
         )
             .into_response();
     }
-    state.limiter.succeeded(peer.ip());
+    attempt.succeeded();
+    let fingerprint = state.users().fingerprint(&form.user).unwrap_or_default();
     let cookie = match state
         .access
         .key
-        .issue(&form.user, t, state.access.session_ttl)
+        .issue(&form.user, &fingerprint, t, state.access.session_ttl)
     {
         Ok(c) => c,
         Err(e) => return (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
@@ -255,9 +290,13 @@ pub(super) async fn logout(
     headers: HeaderMap,
     Form(form): Form<ActionForm>,
 ) -> Response {
-    if let Err(r) = check_post(&state, &headers, &form) {
-        return r.into_response();
-    }
+    let s = match check_post(&state, &headers, &form) {
+        Ok(s) => s,
+        Err(r) => return r.into_response(),
+    };
+    // Ended here and now, and on every dashboard once the bucket carries it.
+    crate::sessions::revoke(&state, &s).await;
+    tracing::info!(user = %s.user, "dashboard logout");
     let mut res = Redirect::to("/login").into_response();
     res.headers_mut().insert(
         header::SET_COOKIE,

@@ -28,23 +28,88 @@ pub struct State {
     pub bus: Bus,
     pub config: Config,
     access: Access,
+    /// The operators as the users file says now (read again when it changes).
+    users: std::sync::Mutex<UsersFile>,
+    /// Sessions ended by a logout, by nonce, with when they would have expired anyway.
+    revoked: std::sync::Mutex<std::collections::HashMap<String, u64>>,
     limiter: LoginLimiter,
     changes: OnceLock<broadcast::Sender<Change>>,
     shutdown: OnceLock<CancellationToken>,
-    pub metrics: crate::metrics::ClusterMetrics,
+    pub metrics: Arc<crate::metrics::ClusterMetrics>,
 }
+
+/// The users file and when it was last looked at.
+struct UsersFile {
+    users: crate::Users,
+    modified: Option<std::time::SystemTime>,
+    checked: Option<std::time::Instant>,
+}
+
+/// How often the users file is looked at for a change, at most.
+const USERS_FILE_CHECK: Duration = Duration::from_secs(1);
 
 impl State {
     pub fn new(bus: Bus, config: Config, access: Access) -> Self {
+        let modified = config
+            .dashboard_users_file
+            .as_ref()
+            .and_then(|p| std::fs::metadata(p).and_then(|m| m.modified()).ok());
         State {
+            users: std::sync::Mutex::new(UsersFile {
+                users: access.users.clone(),
+                modified,
+                checked: None,
+            }),
             bus,
             config,
             access,
+            revoked: std::sync::Mutex::default(),
             limiter: LoginLimiter::default(),
             changes: OnceLock::new(),
             shutdown: OnceLock::new(),
-            metrics: crate::metrics::ClusterMetrics::new(),
+            metrics: Arc::new(crate::metrics::ClusterMetrics::new()),
         }
+    }
+
+    /// The operators now: the users file is read again when it has changed (looked at no more
+    /// than once a second), so a removed operator's sessions end at once. A file that cannot be
+    /// read or parsed keeps the operators as they were, and says so.
+    pub fn users(&self) -> crate::Users {
+        let mut f = self.users.lock().unwrap_or_else(|p| p.into_inner());
+        let due = f.checked.is_none_or(|c| c.elapsed() >= USERS_FILE_CHECK);
+        if let (true, Some(path)) = (due, &self.config.dashboard_users_file) {
+            f.checked = Some(std::time::Instant::now());
+            let modified = std::fs::metadata(path).and_then(|m| m.modified()).ok();
+            if modified != f.modified {
+                match crate::Users::load(path) {
+                    Ok(users) => {
+                        tracing::info!(operators = users.len(), "dashboard users file read again");
+                        f.users = users;
+                        f.modified = modified;
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "users file changed but cannot be read; keeping the operators as they were")
+                    }
+                }
+            }
+        }
+        f.users.clone()
+    }
+
+    /// Has `nonce`'s session been ended by a logout (here, or on any dashboard)?
+    fn is_revoked(&self, nonce: &str) -> bool {
+        self.revoked
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains_key(nonce)
+    }
+
+    /// Note a session ended (until it would have expired anyway); forget ended ones long past.
+    pub(crate) fn note_revoked(&self, nonce: String, expires_ms: u64) {
+        let now = now().millis();
+        let mut r = self.revoked.lock().unwrap_or_else(|p| p.into_inner());
+        r.retain(|_, exp| *exp > now);
+        r.insert(nonce, expires_ms);
     }
 
     pub fn set_changes(&self, tx: broadcast::Sender<Change>, shutdown: CancellationToken) {
@@ -70,7 +135,6 @@ pub fn router(state: Shared) -> Router {
         .route("/events", get(events))
         .route("/login", get(login_page).post(login))
         .route("/logout", post(logout))
-        .route("/metrics", get(metrics))
         .route("/healthz", get(healthz))
         .route(
             "/assets/app.js",
@@ -136,11 +200,17 @@ pub(super) fn cookie<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> 
         .map(|(_, v)| v)
 }
 
+/// The operator a request's session cookie proves: signed by the key, not expired, not ended by
+/// a logout, and its operator still in the users file with the same password.
 pub(super) fn session(state: &State, headers: &HeaderMap) -> Option<Session> {
-    state
+    let s = state
         .access
         .key
-        .verify(cookie(headers, SESSION_COOKIE)?, now().millis())
+        .verify(cookie(headers, SESSION_COOKIE)?, now().millis())?;
+    if state.is_revoked(&s.nonce) {
+        return None;
+    }
+    (state.users().fingerprint(&s.user)? == s.fingerprint).then_some(s)
 }
 
 pub(super) fn is_fragment(headers: &HeaderMap) -> bool {
@@ -281,13 +351,6 @@ fn tokio_stream_from(rx: broadcast::Receiver<Change>) -> impl futures::Stream<It
             Err(broadcast::error::RecvError::Closed) => None,
         }
     })
-}
-
-async fn metrics(AxState(state): AxState<Shared>) -> Response {
-    match state.metrics.render(&state).await {
-        Ok(text) => ([(header::CONTENT_TYPE, crate::metrics::CONTENT_TYPE)], text).into_response(),
-        Err(e) => failed(e),
-    }
 }
 
 /// 200 while connected to NATS, so a container health check sees a dashboard that cannot read.

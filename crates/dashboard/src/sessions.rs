@@ -1,0 +1,83 @@
+//! Sessions ended before their time. A logout puts the session's nonce in the
+//! `turnpike_sessions` bucket, with a TTL until the session would have expired anyway; every
+//! dashboard process watches the bucket and refuses those sessions from then on (the cookie
+//! alone would still verify: sessions are signed, not stored).
+
+use crate::auth::Session;
+use crate::web::State;
+use futures::StreamExt;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+use turnpike_core::backoff::Backoff;
+use turnpike_core::subjects;
+use turnpike_jetstream::now;
+
+/// End `s` here at once, and (through the bucket) on every dashboard.
+pub(crate) async fn revoke(state: &State, s: &Session) {
+    state.note_revoked(s.nonce.clone(), s.expires_ms);
+    let left = Duration::from_millis(s.expires_ms.saturating_sub(now().millis()));
+    let put = turnpike_jetstream::kv_put(
+        &state.bus.js,
+        subjects::BUCKET_SESSIONS,
+        &s.nonce,
+        bytes::Bytes::from(s.expires_ms.to_string()),
+        None,
+        Some(left.max(Duration::from_secs(1))),
+    )
+    .await;
+    if let Err(e) = put {
+        tracing::warn!(error = %e, "a logout could not be shared with other dashboards; it holds on this one");
+    }
+}
+
+/// Follow the bucket until `shutdown`: every ended session (those ended before this process
+/// started too) is noted. Reopened, backing off, when the watch fails.
+pub(crate) async fn follow(state: Arc<State>, shutdown: CancellationToken) {
+    let reopen = || Backoff::doubling(Duration::from_millis(200), Duration::from_secs(5));
+    let mut waits = reopen();
+    while !shutdown.is_cancelled() {
+        let watch = async {
+            let store = state
+                .bus
+                .js
+                .get_key_value(subjects::BUCKET_SESSIONS)
+                .await
+                .map_err(|e| e.to_string())?;
+            store
+                .watch_with_history(">")
+                .await
+                .map_err(|e| e.to_string())
+        };
+        match watch.await {
+            Ok(mut entries) => {
+                waits = reopen();
+                loop {
+                    tokio::select! {
+                        _ = shutdown.cancelled() => return,
+                        e = entries.next() => match e {
+                            Some(Ok(e)) => {
+                                let expires = std::str::from_utf8(&e.value)
+                                    .ok()
+                                    .and_then(|v| v.parse().ok());
+                                if let Some(expires) = expires {
+                                    state.note_revoked(e.key, expires);
+                                }
+                            }
+                            Some(Err(e)) => {
+                                tracing::warn!(error = %e, "dashboard lost its sessions watch; reopening");
+                                break;
+                            }
+                            None => break,
+                        }
+                    }
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "dashboard cannot watch ended sessions; retrying"),
+        }
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tokio::time::sleep(waits.wait()) => {}
+        }
+    }
+}

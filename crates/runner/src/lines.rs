@@ -289,5 +289,51 @@ mod tests {
             }).collect();
             prop_assert_eq!(got, want);
         }
+
+        /// Issue 33: whatever bytes an agent prints, in whatever chunks, the splitter holds at
+        /// most its bound, every line it gives is within it (an oversize one only its head),
+        /// and what salvages an oversize line never panics.
+        #[test]
+        fn any_output_is_split_within_the_bound(
+            chunks in prop::collection::vec(
+                prop::collection::vec(
+                    prop_oneof![Just(b'\n'), Just(b'"'), Just(b'{'), Just(0xffu8), any::<u8>()],
+                    0..300,
+                ),
+                0..30,
+            ),
+            max in 1usize..64,
+        ) {
+            let mut s = LineSplitter::new(max);
+            let mut lines = Vec::new();
+            for c in &chunks {
+                lines.extend(s.push(c));
+                prop_assert!(s.buf.len() <= max, "buffered {} > {max}", s.buf.len());
+                if let Some((_, head)) = &s.discarding {
+                    prop_assert!(head.len() <= max.min(OVERSIZE_HEAD));
+                }
+            }
+            lines.extend(s.finish());
+            for l in lines {
+                match l {
+                    Line::Text(t) => prop_assert!(t.len() <= max),
+                    Line::NotUtf8 { len } => prop_assert!(len <= max),
+                    Line::Oversize { len, head } => {
+                        prop_assert!(len > max);
+                        // Lossily decoded: each byte at most three.
+                        prop_assert!(head.len() <= 3 * max.min(OVERSIZE_HEAD));
+                        let _ = salvage(&head, len);
+                    }
+                }
+            }
+        }
+
+        /// The salvage of any head, of any claimed length: a line or nothing, never a panic.
+        #[test]
+        fn salvaging_any_head_never_panics(head in ".{0,200}", len in any::<usize>()) {
+            let _ = salvage(&head, len);
+            let _ = salvage(&format!(r#"{{"type":"message","text":"{head}"#), len);
+            let _ = salvage(&format!(r#"{{"type":"result","status":"error","error":"{head}"#), len);
+        }
     }
 }

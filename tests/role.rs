@@ -5,7 +5,10 @@ use tokio_util::sync::CancellationToken;
 #[tokio::main]
 async fn main() {
     let role = std::env::args().nth(1).unwrap_or_default();
-    let config = turnpike_config::Config::load(None).expect("config from the environment");
+    let mut config = turnpike_config::Config::load(None).expect("config from the environment");
+    if role == "runner" {
+        config = turnpike_runner::nats_identity(config).expect("the runner's identity");
+    }
     let bus = turnpike_jetstream::Bus::connect(&config, &format!("test-{role}"))
         .await
         .expect("connect");

@@ -69,7 +69,7 @@ impl Partial {
             .unwrap_or_else(|e| panic!("start {name}: {e}"));
     }
 
-    pub(super) async fn create_nats(&self, k: usize, port: u16) {
+    pub(super) async fn create_nats(&self, k: usize, port: u16, secrets: &std::path::Path) {
         let name = format!("nats-{k}");
         let mut env = vec![format!("NATS_NAME={name}")];
         for role in ROLES.iter().chain(["route"].iter()) {
@@ -100,6 +100,11 @@ impl Partial {
                         host_port: Some(port.to_string()),
                     }]),
                 )])),
+                // The users, runners included: rewritten when a runner is added.
+                binds: Some(vec![format!(
+                    "{}:/etc/nats/accounts:ro",
+                    secrets.join("nats").display()
+                )]),
                 ..Default::default()
             }),
             networking_config: Some(self.networking(&name)),
@@ -131,7 +136,9 @@ impl Partial {
             "TURNPIKE_STOP_GRACE=3s".into(),
             "TURNPIKE_LOG=info".into(),
         ];
-        if user != "admin" {
+        // Each runner's own user (`runner-<id>`); its reply prefix follows from its id.
+        let runner = user.starts_with("runner-");
+        if user != "admin" && !runner {
             env.push(format!("TURNPIKE_NATS_INBOX_PREFIX=_INBOX_{user}"));
         }
         let mut binds = vec![format!(
@@ -139,7 +146,7 @@ impl Partial {
             secrets.join(user).display()
         )];
         let mut group_add = None;
-        if user == "runner" {
+        if runner {
             env.extend([
                 "TURNPIKE_RUNNER_BACKEND=docker".to_owned(),
                 format!("TURNPIKE_AGENT_IMAGE={AGENT_IMAGE}"),
@@ -156,7 +163,7 @@ impl Partial {
         env.extend(extra_env);
         let check = ["runner", "coordinator", "dispatcher"]
             .into_iter()
-            .find(|r| *r == user)
+            .find(|r| *r == user || (runner && *r == "runner"))
             .map(health_check);
         let body = ContainerCreateBody {
             image: Some(TURNPIKE_IMAGE.into()),

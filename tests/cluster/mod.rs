@@ -82,6 +82,43 @@ pub struct Cluster {
     runners: Mutex<usize>,
 }
 
+fn runner_id_of(cluster: &str, k: usize) -> String {
+    format!("tpf{cluster}-runner-{k}")
+}
+
+fn runner_user_of(runner: &str) -> String {
+    let id = turnpike_core::RunnerId::new(runner).expect("a valid runner id");
+    turnpike_jetstream::accounts::runner_user(&id)
+}
+
+/// `user`'s password in the file its container mounts. Roles run as uid 65534 inside their
+/// containers.
+fn write_secret(dir: &std::path::Path, user: &str) {
+    let f = dir.join(user);
+    std::fs::write(&f, test_password(user)).expect("write a secret");
+    std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o444)).expect("chmod a secret");
+}
+
+/// The runners' secrets and the nodes' accounts file (`nats/accounts.conf`, the folder the
+/// nodes mount) for runners 1..=`runners`. Written by rename, so a node reading it while it is
+/// rewritten sees the old file or the new one.
+fn write_accounts(dir: &std::path::Path, cluster: &str, runners: usize) {
+    let ids: Vec<String> = (1..=runners).map(|k| runner_id_of(cluster, k)).collect();
+    for id in &ids {
+        write_secret(dir, &runner_user_of(id));
+    }
+    let nats = dir.join("nats");
+    std::fs::create_dir_all(&nats).expect("the nodes' config folder");
+    std::fs::set_permissions(&nats, std::fs::Permissions::from_mode(0o755))
+        .expect("chmod the nodes' config folder");
+    let ids: Vec<&str> = ids.iter().map(String::as_str).collect();
+    let next = nats.join("accounts.conf.next");
+    std::fs::write(&next, turnpike_testkit::accounts_conf(&ids)).expect("write accounts.conf");
+    std::fs::set_permissions(&next, std::fs::Permissions::from_mode(0o444))
+        .expect("chmod accounts.conf");
+    std::fs::rename(&next, nats.join("accounts.conf")).expect("replace accounts.conf");
+}
+
 fn fresh_id() -> String {
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -111,12 +148,10 @@ impl Cluster {
             .expect("create the cluster's network");
         let secrets = tempfile::tempdir().expect("secrets dir");
         for role in ROLES {
-            let f = secrets.path().join(role);
-            std::fs::write(&f, test_password(role)).expect("write a secret");
-            // Roles run as uid 65534 inside their containers.
-            std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o444))
-                .expect("chmod a secret");
+            write_secret(secrets.path(), role);
         }
+        // Every runner it starts with has its NATS user before the nodes start.
+        write_accounts(secrets.path(), &id, opts.runners);
         let ports = [free_port(), free_port(), free_port()];
         let admin = Config {
             nats_url: ports
@@ -138,7 +173,7 @@ impl Cluster {
             armed: true,
         };
         for k in 1..=3 {
-            partial.create_nats(k, ports[k - 1]).await;
+            partial.create_nats(k, ports[k - 1], secrets.path()).await;
         }
         for k in 1..=3 {
             partial.start(&format!("nats-{k}")).await;
@@ -223,12 +258,13 @@ impl Cluster {
     }
 
     pub fn runner_id(&self, k: usize) -> String {
-        format!("tpf{}-runner-{k}", self.id)
+        runner_id_of(&self.id, k)
     }
 
     async fn start_role(&self, name: &str, user: &str, cmd: &[&str]) {
         let p = self.partial();
         let mut env = vec![];
+        let mut user = user.to_owned();
         if user == "runner" {
             let k: usize = name
                 .rsplit('-')
@@ -236,22 +272,64 @@ impl Cluster {
                 .and_then(|k| k.parse().ok())
                 .expect("runner-<k>");
             env.push(format!("TURNPIKE_RUNNER_ID={}", self.runner_id(k)));
+            user = runner_user_of(&self.runner_id(k));
         }
-        p.create_role_in(name, user, cmd, &self.opts, env, self.secrets.path())
+        p.create_role_in(name, &user, cmd, &self.opts, env, self.secrets.path())
             .await;
         p.start(name).await;
     }
 
-    /// Start one more runner (capacity grows with nothing else changed); returns its name.
+    /// Start one more runner (capacity grows with nothing else changed); returns its name. One
+    /// beyond those the cluster started with gets its NATS user first, as the deployment's
+    /// `cluster.sh scale` does: the accounts file is written again and every node reloads it.
     pub async fn add_runner(&self) -> String {
         let k = {
             let mut n = self.runners.lock().expect("runner count");
             *n += 1;
             *n
         };
+        if k > self.opts.runners {
+            write_accounts(self.secrets.path(), &self.id, k);
+            self.reload_accounts(&runner_user_of(&self.runner_id(k)))
+                .await;
+        }
         let name = format!("runner-{k}");
         self.start_role(&name, "runner", &["runner"]).await;
         name
+    }
+
+    /// Have every running node reload its config (SIGHUP), and wait until each lets `user` in.
+    async fn reload_accounts(&self, user: &str) {
+        for (n, port) in self.ports.iter().enumerate() {
+            let node = self.container_name(&format!("nats-{}", n + 1));
+            let hup = self
+                .docker
+                .kill_container(
+                    &node,
+                    Some(KillContainerOptionsBuilder::new().signal("HUP").build()),
+                )
+                .await;
+            // A node that is down reads the new file when it starts again.
+            if hup.is_err() {
+                continue;
+            }
+            let url = format!("nats://127.0.0.1:{port}");
+            turnpike_testkit::eventually(
+                Duration::from_secs(30),
+                &format!("{node} lets {user} in"),
+                || async {
+                    async_nats::ConnectOptions::with_user_and_password(
+                        user.to_owned(),
+                        test_password(user),
+                    )
+                    .connect(url.as_str())
+                    .await
+                    .ok()
+                    .map(|_| ())
+                },
+            )
+            .await;
+        }
     }
 
     /// Wait until `n` runners announce themselves.

@@ -181,7 +181,7 @@ async fn an_event_from_a_runner_that_does_not_hold_the_claim_is_refused() {
     turnpike_jetstream::publish(
         &p.bus.js,
         p.bus.codec,
-        subjects::events(&turn),
+        subjects::events(&turn, &forged.runner),
         Some("forged-exit"),
         &forged,
     )

@@ -161,7 +161,7 @@ async fn publish_event(
     turnpike_jetstream::publish(
         &bus.js,
         bus.codec,
-        subjects::events(&record.turn),
+        subjects::events(&record.turn, &ev.runner),
         Some(id),
         &ev,
     )

@@ -256,9 +256,19 @@ async fn bad_events_are_dead_lettered_and_the_coordinator_keeps_going() {
         "runner": "r", "at": "2026-12-02T00:00:00Z",
         "kind": {"type": "started", "published_at": "2026-12-02T00:00:00Z"}});
     for (subject, payload) in [
+        (
+            "turnpike.events.t-unknown.r".to_owned(),
+            unknown.to_string(),
+        ),
+        ("turnpike.events.t-garbage.r".to_owned(), "{{{".to_owned()),
+        ("turnpike.events.t-other.r".to_owned(), unknown.to_string()),
+        // The subject names the sender; the payload may not claim to be another runner.
+        (
+            "turnpike.events.t-unknown.r2".to_owned(),
+            unknown.to_string(),
+        ),
+        // The shape before runners had subjects of their own: it names no sender.
         ("turnpike.events.t-unknown".to_owned(), unknown.to_string()),
-        ("turnpike.events.t-garbage".to_owned(), "{{{".to_owned()),
-        ("turnpike.events.t-other".to_owned(), unknown.to_string()),
     ] {
         p.bus
             .js
@@ -271,17 +281,17 @@ async fn bad_events_are_dead_lettered_and_the_coordinator_keeps_going() {
     let turn = send(&p.bus, "c7", "m1", "reply:still here").await;
     assert_eq!(wait_ended(&p.bus, &turn, T).await.state, TurnState::Done);
     // Refused in their own time: a start waits a moment for more of its turn first.
-    let mut reasons: Vec<String> = turnpike_testkit::eventually(T, "3 dead letters", || async {
+    let mut reasons: Vec<String> = turnpike_testkit::eventually(T, "5 dead letters", || async {
         let reasons: Vec<String> = dead_letters(&p.bus)
             .await
             .into_iter()
             .map(|(_, r)| r)
             .collect();
-        (reasons.len() >= 3).then_some(reasons)
+        (reasons.len() >= 5).then_some(reasons)
     })
     .await;
     reasons.sort();
-    assert_eq!(reasons.len(), 3, "{reasons:?}");
+    assert_eq!(reasons.len(), 5, "{reasons:?}");
     assert!(
         reasons
             .iter()
@@ -296,9 +306,19 @@ async fn bad_events_are_dead_lettered_and_the_coordinator_keeps_going() {
         reasons.iter().any(|r| r.contains("another turn")),
         "{reasons:?}"
     );
+    assert!(
+        reasons.iter().any(|r| r.contains("another runner")),
+        "{reasons:?}"
+    );
+    assert!(
+        reasons
+            .iter()
+            .any(|r| r.contains("names no turn and runner")),
+        "{reasons:?}"
+    );
     // Every refusal goes one way, so every one is counted (the subject mismatch and the unknown
     // turn were dead-lettered without being counted before).
     let stats = ops_stats(&p.bus).await;
-    assert_eq!(stats.counters.dead_lettered, 3, "{:?}", stats.counters);
+    assert_eq!(stats.counters.dead_lettered, 5, "{:?}", stats.counters);
     p.stop().await;
 }

@@ -17,7 +17,9 @@ async fn f7_bad_input_flood() {
         .collect();
     let mut chat = connect_as("chat", urls.clone()).await;
     let chat_js = async_nats::jetstream::new(chat.client.clone());
-    let runner = connect_as("runner", urls).await;
+    // Runner 1's own user: its events name it.
+    let runner_id = RunnerId::new(c.runner_id(1)).expect("runner id");
+    let runner = connect_as(&turnpike_jetstream::accounts::runner_user(&runner_id), urls).await;
     let runner_js = async_nats::jetstream::new(runner.client.clone());
 
     let dead_before = dead_letters(&c.bus).await.len();
@@ -55,7 +57,7 @@ async fn f7_bad_input_flood() {
             turn: ghost.clone(),
             chat: ChatId::new("f7").expect("chat"),
             attempt: 1,
-            runner: RunnerId::sanitized("forger"),
+            runner: runner_id.clone(),
             at: turnpike_jetstream::now(),
             kind: RunnerEventKind::Started {
                 published_at: turnpike_jetstream::now(),
@@ -66,7 +68,7 @@ async fn f7_bad_input_flood() {
             b"{\"garbage\": true}".to_vec(),
         ] {
             runner_js
-                .publish(subjects::events(&ghost), payload.into())
+                .publish(subjects::events(&ghost, &runner_id), payload.into())
                 .await
                 .expect("publish")
                 .await
@@ -95,7 +97,7 @@ async fn f7_bad_input_flood() {
     // Forged: a chat user acting as a runner, a coordinator, a dispatcher.
     let mut refused = 0;
     for forged in [
-        "turnpike.events.t-000000000000000000000000",
+        "turnpike.events.t-000000000000000000000000.r1",
         "$KV.turnpike_turns.t-000000000000000000000000",
         "turnpike.work.run.t-000000000000000000000000",
     ] {

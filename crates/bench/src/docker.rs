@@ -217,7 +217,7 @@ pub async fn docker_overhead(out: &mut String) -> Result<()> {
         let events = stack.bus.js.get_stream(subjects::STREAM_EVENTS).await?;
         let exited = loop {
             let last = events
-                .get_last_raw_message_by_subject(&subjects::events(&turn))
+                .get_last_raw_message_by_subject(&subjects::events_of(&turn))
                 .await?;
             let ev: turnpike_core::wire::RunnerEvent = decode(Some(&last.headers), &last.payload)?;
             if matches!(ev.kind, turnpike_core::wire::RunnerEventKind::Exited { .. }) {

@@ -55,6 +55,9 @@ async fn check_once(check: Check, url: &str, config: Config) -> Result<String> {
 async fn check_role(check: Check, mut config: Config) -> Result<String> {
     // A health check never creates anything.
     config.manage_topology = false;
+    if let Check::Runner = check {
+        config = turnpike_runner::nats_identity(config)?;
+    }
     let bus = Bus::connect(&config, "turnpike-healthcheck").await?;
     match check {
         Check::Runner => {

@@ -104,6 +104,13 @@ enum Command {
         #[arg(long, hide = true)]
         limit: Option<usize>,
     },
+    /// Print the NATS users file (`deploy/nats/accounts.conf`) with one user per runner: reads
+    /// `<runner id> <password>` lines on stdin (deploy/secrets.sh feeds them).
+    NatsAccounts {
+        /// The accounts file to render (default: the one this build was made with).
+        #[arg(long)]
+        template: Option<PathBuf>,
+    },
     /// The built-in test agent (reads an input document on stdin); used by the process backend.
     #[command(hide = true)]
     TestAgent,
@@ -353,6 +360,7 @@ async fn run(command: Command, config: Config, json: bool) -> Result<std::proces
         }
         Command::Runner { cmd: None } => {
             init_logs(&config);
+            let config = turnpike_runner::nats_identity(config)?;
             let shutdown = shutdown_on_signal();
             let Some(bus) = role_bus(&config, "turnpike-runner", &shutdown).await? else {
                 return Ok(ExitCode::SUCCESS);
@@ -407,6 +415,22 @@ async fn run(command: Command, config: Config, json: bool) -> Result<std::proces
         Command::Status => {
             let bus = Bus::connect(&config, "turnpike-cli").await?;
             operator::status_cmd(&bus, json).await
+        }
+        Command::NatsAccounts { template } => {
+            use std::io::Read;
+            use turnpike_jetstream::accounts;
+            let template = match template {
+                Some(path) => std::fs::read_to_string(&path)
+                    .with_context(|| format!("read {}", path.display()))?,
+                None => accounts::TEMPLATE.to_owned(),
+            };
+            let mut input = String::new();
+            std::io::stdin()
+                .read_to_string(&mut input)
+                .context("read runner lines on stdin")?;
+            let runners = accounts::parse_runners(&input)?;
+            print!("{}", accounts::render(&template, &runners)?);
+            Ok(ExitCode::SUCCESS)
         }
         Command::Dashboard {
             cmd: Some(DashboardCmd::HashPassword),

@@ -247,9 +247,18 @@ fn sort(msg: async_nats::jetstream::Message) -> Sorted {
     };
     let span = tracing::info_span!("event", turn_id = %ev.turn, attempt = ev.attempt,
         chat_id = %ev.chat, runner_id = %ev.runner);
-    if msg.subject.as_str() != subjects::events(&ev.turn) {
-        let why = Verdict::Refuse("event names another turn than its subject".to_owned());
-        return Sorted::Settle(msg, why, span);
+    // The subject says who sent it: each runner's NATS user may publish only on its own. The
+    // payload must agree, and the claim is then checked against the subject's runner.
+    let why = match subjects::parse_events(msg.subject.as_str()) {
+        None => Some("event on a subject that names no turn and runner"),
+        Some((turn, _)) if turn != ev.turn => Some("event names another turn than its subject"),
+        Some((_, runner)) if runner != ev.runner => {
+            Some("event names another runner than its subject")
+        }
+        Some(_) => None,
+    };
+    if let Some(why) = why {
+        return Sorted::Settle(msg, Verdict::Refuse(why.to_owned()), span);
     }
     let (sender, Some(event)) = lifecycle_event(ev) else {
         return Sorted::Settle(msg, Verdict::Ack, span);

@@ -14,11 +14,12 @@ use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant, SystemTime};
 use tracing::{debug, info, warn};
 use turnpike_config::Config;
+use turnpike_core::fence::FenceWriter;
 use turnpike_core::lifecycle::{Effect, Event, TurnState};
 use turnpike_core::recovery;
 use turnpike_core::subjects;
 use turnpike_core::wire::{ExitReport, RunnerEvent, RunnerEventKind, WorkItem};
-use turnpike_core::{TurnId, TurnRecord};
+use turnpike_core::{RunnerId, TurnId, TurnRecord};
 use turnpike_jetstream::{decode, now, Bus, BusError};
 use turnpike_store::claims::Lease;
 use turnpike_store::fence::{self, Losing};
@@ -218,21 +219,31 @@ async fn check_attempt_alive(
 ) -> Result<(), ApplyError> {
     let turn = &record.turn;
     let k = record.attempt;
-    let claim = turnpike_store::claims::claim(bus, turn, k).await?;
+    let claimed = turnpike_store::claims::claim(bus, turn, k).await?;
+    let claim = claimed.claim;
     if claim != recovery::Claim::Runner {
         return Ok(());
     }
-    // Only the claimant writes the lease: a marker means the server let it lapse (its TTL) or
-    // it was taken away; no trace at all is judged by how long this sweeper has found none. No
-    // host's clock is compared with another's.
+    // Only the claimant writes its lease (the key names it, and only its NATS user may write
+    // there): a marker means the server let it lapse (its TTL) or it was taken away; no trace
+    // at all is judged by how long this sweeper has found none. No host's clock is compared
+    // with another's. A claim that does not decode names no runner whose lease could be found.
     let key = subjects::claim_key(turn, k);
-    let (lease, lapsed_at) = match turnpike_store::claims::lease(bus, turn, k).await? {
+    let lease = match &claimed.runner {
+        Some(runner) => turnpike_store::claims::lease(bus, turn, k, runner).await?,
+        None => Lease::Absent,
+    };
+    let (lease, lapsed_at) = match lease {
         Lease::Live => (recovery::Lease::Live, None),
         Lease::Lapsed(at) => (recovery::Lease::Lapsed, Some(at)),
         // No trace of a lease: dated below, by the fence marker that declares it lost.
         Lease::Absent => (absent(&key), None),
     };
-    let reported = lease == recovery::Lease::Lapsed && exit_reported(bus, turn, k).await;
+    let reported = lease == recovery::Lease::Lapsed
+        && match &claimed.runner {
+            Some(runner) => exit_reported(bus, turn, k, runner).await,
+            None => false,
+        };
     match recovery::judge_attempt(claim, lease, reported) {
         recovery::Attempt::Fine => return Ok(()),
         recovery::Attempt::ExitOnItsWay => {
@@ -246,17 +257,22 @@ async fn check_attempt_alive(
     // came back meanwhile loses it at its next renewal. Expires by itself long after any
     // runner's deadline. Defence in depth, not what makes the loss safe (the fence does), so a
     // marker that cannot be written never keeps the attempt from being settled.
-    if let Err(e) = bus
-        .leases
-        .purge_with_ttl(&key, LOST_MARKER_TTL.max(config.lease * 4))
-        .await
-    {
-        warn!(turn_id = %turn, attempt = k, error = %e, "could not mark the lost attempt's lease; settling it anyway");
+    if let Some(runner) = &claimed.runner {
+        let marked = turnpike_jetstream::kv_delete(
+            &bus.js,
+            subjects::BUCKET_LEASES,
+            &subjects::lease_key(turn, k, runner),
+            Some(LOST_MARKER_TTL.max(config.lease * 4)),
+        )
+        .await;
+        if let Err(e) = marked {
+            warn!(turn_id = %turn, attempt = k, error = %e, "could not mark the lost attempt's lease; settling it anyway");
+        }
     }
     // Move the fence first, and only if attempt k could still hold it: from here on nothing of
     // the lost attempt can land, so the count below is final. A record read before a later
     // attempt took the fence is stale, and changes nothing.
-    let (runner_seq, fenced_at) = match fence::lose(bus, turn, k).await? {
+    let (runner_seq, fenced_at) = match fence::lose(bus, turn, k, &FenceWriter::Service).await? {
         Losing::Fenced { runner_seq, at } => (runner_seq, at),
         Losing::Stale { current } => {
             debug!(turn_id = %turn, attempt = k, current, "the fence belongs to a later attempt; this record was stale");
@@ -291,13 +307,14 @@ async fn check_attempt_alive(
     Ok(())
 }
 
-/// Is the attempt's exit already in the events stream (waiting to be applied)?
-async fn exit_reported(bus: &Bus, turn: &TurnId, attempt: u32) -> bool {
+/// Is the attempt's exit, as its claimant reported it, already in the events stream (waiting
+/// to be applied)?
+async fn exit_reported(bus: &Bus, turn: &TurnId, attempt: u32, runner: &RunnerId) -> bool {
     let Ok(stream) = bus.js.get_stream(subjects::STREAM_EVENTS).await else {
         return false;
     };
     let Ok(last) = stream
-        .get_last_raw_message_by_subject(&subjects::events(turn))
+        .get_last_raw_message_by_subject(&subjects::events(turn, runner))
         .await
     else {
         return false;
@@ -323,7 +340,7 @@ async fn check_dispatched(
     let k = record.attempt;
     // Claimed: a runner has it, and it may have died before reporting it started. Its lease
     // tells, as for a running attempt.
-    let claimed = turnpike_store::claims::claim(bus, turn, k).await? != recovery::Claim::None;
+    let claimed = turnpike_store::claims::claim(bus, turn, k).await?.claim != recovery::Claim::None;
     let (mut scheduled, mut queued) = (false, false);
     if !claimed {
         let stream = bus

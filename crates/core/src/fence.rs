@@ -1,5 +1,6 @@
 //! The attempt fence: which attempt of a turn may land output, decided by the last marker on
-//! `turnpike.fence.<turn>` (in the chat-out stream, beside the chat's messages).
+//! `turnpike.fence.<turn>.>` (in the chat-out stream, beside the chat's messages; each writer
+//! appends under its own name, `.runner.<id>` or `.service`).
 //!
 //! Every marker is appended with compare-and-set on that subject's last sequence, and every bot
 //! message is published on the condition that the last marker is still the one its attempt took.
@@ -16,6 +17,30 @@
 
 use crate::ids::RunnerId;
 pub use crate::wire::{FenceHolder, FenceMarker};
+
+/// Who appended a marker, as its subject names it (see [`crate::subjects::fence_marker`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FenceWriter {
+    /// A runner: it takes the fence for an attempt it claimed, or fences out one it ran.
+    Runner(RunnerId),
+    /// A coordinator or dispatcher: an attempt declared lost, a turn killed or cancelled.
+    Service,
+}
+
+impl FenceWriter {
+    /// May this writer have appended a marker that says `holder`? A runner speaks only for
+    /// itself and never kills; only a service kills. A marker that claims more than its writer
+    /// may is not believed: it reads as an unreadable marker.
+    pub fn may_write(&self, holder: &FenceHolder) -> bool {
+        match (self, holder) {
+            (FenceWriter::Runner(me), FenceHolder::Runner { runner }) => me == runner,
+            (FenceWriter::Runner(_), FenceHolder::Lost) => true,
+            (FenceWriter::Runner(_), FenceHolder::Killed { .. }) => false,
+            (FenceWriter::Service, FenceHolder::Runner { .. }) => false,
+            (FenceWriter::Service, FenceHolder::Lost | FenceHolder::Killed { .. }) => true,
+        }
+    }
+}
 
 /// The last marker as read from the stream: its sequence, and its content if it decodes.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -192,6 +217,19 @@ mod tests {
     }
     fn killed(seq: u64, attempt: u32) -> Last {
         at(seq, attempt, FenceHolder::Killed { by: "op".into() })
+    }
+
+    #[test]
+    fn a_writer_is_believed_only_for_what_it_may_say() {
+        let (a, b) = (r("a"), r("b"));
+        let runner_a = FenceWriter::Runner(a.clone());
+        assert!(runner_a.may_write(&FenceHolder::Runner { runner: a.clone() }));
+        assert!(runner_a.may_write(&FenceHolder::Lost));
+        assert!(!runner_a.may_write(&FenceHolder::Runner { runner: b }));
+        assert!(!runner_a.may_write(&FenceHolder::Killed { by: "op".into() }));
+        assert!(FenceWriter::Service.may_write(&FenceHolder::Lost));
+        assert!(FenceWriter::Service.may_write(&FenceHolder::Killed { by: "op".into() }));
+        assert!(!FenceWriter::Service.may_write(&FenceHolder::Runner { runner: a }));
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! The one place where subject, stream, consumer, bucket, key and dedup-id names are built.
 //! Everything is under `turnpike.` so operators can filter it with `nats sub 'turnpike.>'`.
 
-use crate::ids::{ChatId, TurnId};
+use crate::fence::FenceWriter;
+use crate::ids::{ChatId, RunnerId, TurnId};
 
 pub const PREFIX: &str = "turnpike";
 
@@ -60,11 +61,34 @@ pub fn chat_out(chat: &ChatId) -> String {
     format!("{PREFIX}.chat.out.{chat}")
 }
 
-/// The per-turn attempt marker in the chat-out stream. Each claim (and the coordinator's "attempt
-/// lost" decision) publishes here; bot messages are published on the condition that this subject's
-/// last sequence is still the one their attempt saw, so a superseded attempt's output is refused.
+/// Every attempt marker of a turn, in the chat-out stream: the fence is the last of them. Each
+/// claim (and each "attempt lost" or "turn killed" decision) appends one, and bot messages are
+/// published on the condition that the last sequence on this filter is still the one their
+/// attempt saw, so a superseded attempt's output is refused.
 pub fn fence(turn: &TurnId) -> String {
-    format!("{PREFIX}.fence.{turn}")
+    format!("{PREFIX}.fence.{turn}.>")
+}
+
+/// Where `writer` appends its markers on `turn`'s fence: `turnpike.fence.<turn>.runner.<id>` for
+/// a runner, `turnpike.fence.<turn>.service` for a coordinator or dispatcher. Each NATS user may
+/// append only under its own name, so the subject says who wrote a marker.
+pub fn fence_marker(turn: &TurnId, writer: &FenceWriter) -> String {
+    match writer {
+        FenceWriter::Runner(runner) => format!("{PREFIX}.fence.{turn}.runner.{runner}"),
+        FenceWriter::Service => format!("{PREFIX}.fence.{turn}.service"),
+    }
+}
+
+/// The turn and writer a marker's subject names; `None` for a subject of any other shape.
+pub fn parse_fence_marker(subject: &str) -> Option<(TurnId, FenceWriter)> {
+    let rest = subject.strip_prefix(PREFIX)?.strip_prefix(".fence.")?;
+    let (turn, writer) = rest.split_once('.')?;
+    let writer = match writer.split_once('.') {
+        Some(("runner", id)) => FenceWriter::Runner(RunnerId::new(id).ok()?),
+        None if writer == "service" => FenceWriter::Service,
+        _ => return None,
+    };
+    Some((TurnId::new(turn).ok()?, writer))
 }
 
 /// Work items the runners' consumer takes.
@@ -78,8 +102,22 @@ pub fn work_schedule(turn: &TurnId, attempt: u32) -> String {
     format!("{PREFIX}.work.schedule.{turn}.{attempt}")
 }
 
-pub fn events(turn: &TurnId) -> String {
-    format!("{PREFIX}.events.{turn}")
+/// Where `runner` reports on `turn`. Each runner's NATS user may publish only on subjects that
+/// name it, so the subject, never the payload, says who sent an event.
+pub fn events(turn: &TurnId, runner: &RunnerId) -> String {
+    format!("{PREFIX}.events.{turn}.{runner}")
+}
+
+/// Every runner's events of one turn (a filter).
+pub fn events_of(turn: &TurnId) -> String {
+    format!("{PREFIX}.events.{turn}.*")
+}
+
+/// The turn and runner an event's subject names; `None` for a subject of any other shape.
+pub fn parse_events(subject: &str) -> Option<(TurnId, RunnerId)> {
+    let rest = subject.strip_prefix(PREFIX)?.strip_prefix(".events.")?;
+    let (turn, runner) = rest.split_once('.')?;
+    Some((TurnId::new(turn).ok()?, RunnerId::new(runner).ok()?))
 }
 
 pub fn kill(turn: &TurnId) -> String {
@@ -96,9 +134,15 @@ pub fn claim_key(turn: &TurnId, attempt: u32) -> String {
     format!("{turn}.{attempt}")
 }
 
+/// The leases-bucket key of `runner`'s lease on one attempt: only that runner's NATS user may
+/// write it, so no runner can keep another's attempt alive.
+pub fn lease_key(turn: &TurnId, attempt: u32, runner: &RunnerId) -> String {
+    format!("{turn}.{attempt}.{runner}")
+}
+
 /// JetStream dedup ids (`Nats-Msg-Id`), derived from turn and attempt so a replay never doubles.
 pub mod msg_id {
-    use crate::ids::TurnId;
+    use crate::ids::{RunnerId, TurnId};
 
     pub fn work(turn: &TurnId, attempt: u32) -> String {
         format!("work.{turn}.{attempt}")
@@ -120,8 +164,9 @@ pub mod msg_id {
     pub fn notice(turn: &TurnId) -> String {
         format!("notice.{turn}")
     }
-    pub fn event(turn: &TurnId, attempt: u32, what: &str) -> String {
-        format!("ev.{turn}.{attempt}.{what}")
+    /// Per runner: one runner cannot take another's dedup id and so drop its event.
+    pub fn event(turn: &TurnId, attempt: u32, runner: &RunnerId, what: &str) -> String {
+        format!("ev.{turn}.{attempt}.{runner}.{what}")
     }
 }
 
@@ -141,5 +186,47 @@ mod tests {
         assert!(!work_schedule(&t, 2).starts_with(WORK_RUN_ALL.trim_end_matches('>')));
         assert!(work_schedule(&t, 2).starts_with(WORK_SCHEDULE_ALL.trim_end_matches('>')));
         assert_eq!(claim_key(&t, 3), "t-1.3");
+    }
+
+    #[test]
+    fn an_events_subject_names_its_turn_and_runner() {
+        let t = TurnId::new("t-1").expect("valid");
+        let r = RunnerId::new("r_2-x").expect("valid");
+        assert_eq!(parse_events(&events(&t, &r)), Some((t.clone(), r.clone())));
+        assert!(events(&t, &r).starts_with(EVENTS_ALL.trim_end_matches('>')));
+        for bad in [
+            "turnpike.events.t-1",
+            "turnpike.events.t-1.r.x",
+            "turnpike.events..r",
+            "turnpike.events.t-1.",
+            "turnpike.fence.t-1.r",
+            "other.events.t-1.r",
+        ] {
+            assert_eq!(parse_events(bad), None, "{bad}");
+        }
+        assert_eq!(lease_key(&t, 2, &r), "t-1.2.r_2-x");
+    }
+
+    #[test]
+    fn a_fence_markers_subject_names_its_writer() {
+        let t = TurnId::new("t-1").expect("valid");
+        let r = RunnerId::new("r-2").expect("valid");
+        for writer in [FenceWriter::Runner(r.clone()), FenceWriter::Service] {
+            let subject = fence_marker(&t, &writer);
+            assert_eq!(parse_fence_marker(&subject), Some((t.clone(), writer)));
+            assert!(subject.starts_with(fence(&t).trim_end_matches('>')));
+            assert!(subject.starts_with(FENCE_ALL.trim_end_matches('>')));
+        }
+        for bad in [
+            "turnpike.fence.t-1",
+            "turnpike.fence.t-1.runner",
+            "turnpike.fence.t-1.runner.a.b",
+            "turnpike.fence.t-1.service.x",
+            "turnpike.fence.t-1.killed",
+            "turnpike.fence.t.1.service",
+            "turnpike.events.t-1.service",
+        ] {
+            assert_eq!(parse_fence_marker(bad), None, "{bad}");
+        }
     }
 }

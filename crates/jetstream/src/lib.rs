@@ -2,6 +2,7 @@
 //! consumers, KV buckets, object store, defined once in the repository's `nats/` folder), typed
 //! publishing and decoding with the codec named by `Content-Type`, and dead letters.
 
+pub mod accounts;
 mod connect;
 pub mod consume;
 mod error;
@@ -12,8 +13,8 @@ pub mod topology;
 pub use connect::{connect, describe_servers};
 pub use error::{dedup_in_process, lost_cas, persistence, BusError, Persistence};
 pub use publish::{
-    dead_letter, dead_letter_message, decode, decode_kv, encode_headers, header_str, kv_put, now,
-    publish, publish_inbound, refuse, skew_clock_for_tests, ttl_secs, Publish,
+    dead_letter, dead_letter_message, decode, decode_kv, encode_headers, header_str, kv_delete,
+    kv_put, now, publish, publish_inbound, refuse, skew_clock_for_tests, ttl_secs, Publish,
 };
 
 use async_nats::jetstream::{self, kv, object_store};

@@ -198,6 +198,24 @@ pub async fn kv_put(
     Ok(publish.send(js).await?.sequence)
 }
 
+/// Mark `key` deleted in KV bucket `bucket` (what async-nats's `delete` writes), expiring `ttl`
+/// after this write if given. Unlike a purge, no roll-up: the buckets runners write refuse
+/// roll-ups, which would let one message wipe a whole bucket. In a bucket that keeps one
+/// message per key, the marker replaces the value all the same.
+pub async fn kv_delete(
+    js: &Context,
+    bucket: &str,
+    key: &str,
+    ttl: Option<Duration>,
+) -> Result<u64, BusError> {
+    let mut publish =
+        Publish::bytes(format!("$KV.{bucket}.{key}"), Bytes::new()).header("KV-Operation", "DEL");
+    if let Some(ttl) = ttl {
+        publish = publish.header("Nats-TTL", &ttl_secs(ttl));
+    }
+    Ok(publish.send(js).await?.sequence)
+}
+
 /// The TTL header takes whole seconds; round up, so nothing lasts less than configured.
 pub fn ttl_secs(d: Duration) -> String {
     let secs = d.as_millis().div_ceil(1000).max(1);

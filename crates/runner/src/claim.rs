@@ -103,7 +103,8 @@ pub(crate) async fn fence_out_and_count(
     attempt: u32,
 ) -> Settled {
     use turnpike_store::fence::{self, Losing};
-    match fence::lose(&inner.bus, turn, attempt).await {
+    let writer = turnpike_core::fence::FenceWriter::Runner(inner.id.clone());
+    match fence::lose(&inner.bus, turn, attempt, &writer).await {
         Ok(Losing::Fenced { runner_seq, .. }) => {
             match fence::landed(&inner.bus, chat, turn, attempt, runner_seq).await {
                 Ok(landed) => Settled::Landed(landed),

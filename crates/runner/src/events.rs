@@ -47,10 +47,15 @@ async fn emit_for(
         at: now(),
         kind,
     };
-    let id = msg_id::event(work.turn, work.attempt, what);
+    let id = msg_id::event(work.turn, work.attempt, &inner.id, what);
     let mut retries = crate::retries::Retries::event();
     loop {
-        let publish = Publish::new(inner.bus.codec, subjects::events(work.turn), &event).map(|p| {
+        let publish = Publish::new(
+            inner.bus.codec,
+            subjects::events(work.turn, &inner.id),
+            &event,
+        )
+        .map(|p| {
             p.msg_id(&id)
                 .header(subjects::HDR_TURN, work.turn.as_str())
                 .header(subjects::HDR_ATTEMPT, &work.attempt.to_string())

@@ -57,7 +57,7 @@ pub(crate) fn keep_alive(
     claimed_at: Instant,
 ) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
-        let key = subjects::claim_key(&turn, attempt);
+        let key = subjects::lease_key(&turn, attempt, &inner.id);
         let lease = inner.config.lease;
         let beat = inner.config.heartbeat;
         let value = Bytes::from(inner.id.to_string());

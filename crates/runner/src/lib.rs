@@ -34,6 +34,8 @@ pub enum RunnerError {
     Bus(#[from] BusError),
     #[error("runner backend: {0}")]
     Backend(#[from] backend::BackendError),
+    #[error("{0}")]
+    Identity(String),
 }
 
 pub(crate) struct Inner {
@@ -111,12 +113,50 @@ pub fn runner_id(config: &Config) -> RunnerId {
     }
 }
 
+/// `config` as this runner connects with it. Every runner has a NATS user of its own,
+/// `runner-<id>`, that may write only what names it (`deploy/nats/accounts.conf`), and its own
+/// reply prefix, `_INBOX_runner.<id>` (set here unless configured). A user or prefix for
+/// another id would have every event refused: refuse to start instead, saying what to set.
+pub fn nats_identity(mut config: Config) -> Result<Config, RunnerError> {
+    if config.nats_user.is_some() && config.nats_inbox_prefix.is_none() {
+        config.nats_inbox_prefix = Some(turnpike_jetstream::accounts::runner_inbox(&runner_id(
+            &config,
+        )));
+    }
+    check_identity(&config)?;
+    Ok(config)
+}
+
+fn check_identity(config: &Config) -> Result<(), RunnerError> {
+    use turnpike_jetstream::accounts::{runner_inbox, runner_user};
+    let Some(user) = &config.nats_user else {
+        return Ok(());
+    };
+    let id = runner_id(config);
+    if *user != runner_user(&id) {
+        return Err(RunnerError::Identity(format!(
+            "this runner's id is {id:?}, so its NATS user is {:?}, not {user:?}: every runner \
+             has its own (set runner_id, or the user deploy/secrets.sh made for it)",
+            runner_user(&id)
+        )));
+    }
+    match &config.nats_inbox_prefix {
+        Some(p) if *p != runner_inbox(&id) => Err(RunnerError::Identity(format!(
+            "runner {id:?} replies on {:?} (its user may read nothing else), not {p:?}: \
+             leave nats_inbox_prefix unset",
+            runner_inbox(&id)
+        ))),
+        _ => Ok(()),
+    }
+}
+
 impl Runner {
     pub fn metrics(&self) -> RunnerMetrics {
         RunnerMetrics(self.inner.clone())
     }
 
     pub async fn new(bus: Bus, config: Config) -> Result<Runner, RunnerError> {
+        check_identity(&config)?;
         let id = runner_id(&config);
         let backend = match config.runner_backend {
             turnpike_config::Backend::Process => {
@@ -213,7 +253,13 @@ impl Runner {
         let _ = reaper.await;
         kills.abort();
         // Going away: say so at once rather than letting the presence TTL run out.
-        let _ = inner.bus.runners.purge(inner.id.as_str()).await;
+        let _ = turnpike_jetstream::kv_delete(
+            &inner.bus.js,
+            subjects::BUCKET_RUNNERS,
+            inner.id.as_str(),
+            None,
+        )
+        .await;
         info!("runner stopped");
         Ok(())
     }

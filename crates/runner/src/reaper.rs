@@ -94,8 +94,11 @@ async fn stray(
     if present {
         return false;
     }
+    let Ok(runner) = turnpike_core::RunnerId::new(runner.as_str()) else {
+        return false;
+    };
     matches!(
-        turnpike_store::claims::lease(&inner.bus, turn, attempt).await,
+        turnpike_store::claims::lease(&inner.bus, turn, attempt, &runner).await,
         Ok(turnpike_store::claims::Lease::Lapsed(_) | turnpike_store::claims::Lease::Absent)
     )
 }

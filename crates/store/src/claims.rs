@@ -1,14 +1,17 @@
-//! Attempt claims (`turnpike_claims`, key `<turn>.<attempt>`) and leases (`turnpike_leases`, same
-//! key). A claim is created once by the runner that runs the attempt (or by a cancellation) and
-//! never changes; a lease is written a heartbeat after the claim (a shorter run writes none) and
-//! renewed until the exit is reported. Both are read here from the stream leader, so an
-//! acknowledged write is never missed.
+//! Attempt claims (`turnpike_claims`, key `<turn>.<attempt>`) and leases (`turnpike_leases`, key
+//! `<turn>.<attempt>.<runner>`). A claim is created once by the runner that runs the attempt (or
+//! by a cancellation) and never changes: the bucket refuses a second message on a key
+//! (`discard_new_per_subject`) and any roll-up, so not even a runner's NATS user can replace one.
+//! A lease is written by the claimant alone (its key names it, and only its user may write
+//! there) a heartbeat after the claim (a shorter run writes none), and renewed until the exit
+//! is reported. Both are read here from the stream leader, so an acknowledged write is never
+//! missed.
 
 use async_nats::jetstream::stream::LastRawMessageErrorKind;
 use bytes::Bytes;
 use turnpike_core::subjects;
 use turnpike_core::wire::{ClaimHolder, ClaimRecord};
-use turnpike_core::{Timestamp, TurnId};
+use turnpike_core::{RunnerId, Timestamp, TurnId};
 use turnpike_jetstream::{decode_kv, Bus, BusError};
 
 /// A KV key's last message, as the stream leader has it.
@@ -97,20 +100,37 @@ pub async fn holder(
 
 /// What the claims bucket says of `attempt`, as the sweep judges it: unclaimed, cancelled by an
 /// operator kill, or taken by a runner (a claim that does not decode was still made by someone,
-/// so it counts as a runner's, judged by its lease).
-pub async fn claim(
-    bus: &Bus,
-    turn: &TurnId,
-    attempt: u32,
-) -> Result<turnpike_core::recovery::Claim, BusError> {
+/// so it counts as a runner's, judged by its lease: which, with no runner to look under, is
+/// absent).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Claimed {
+    pub claim: turnpike_core::recovery::Claim,
+    /// The runner that holds it, if it is a runner's and decodes.
+    pub runner: Option<RunnerId>,
+}
+
+pub async fn claim(bus: &Bus, turn: &TurnId, attempt: u32) -> Result<Claimed, BusError> {
     use turnpike_core::recovery::Claim;
     let key = subjects::claim_key(turn, attempt);
     let last = last_value(bus, subjects::BUCKET_CLAIMS, &key).await?;
     Ok(match last.and_then(|l| l.value) {
-        None => Claim::None,
+        None => Claimed {
+            claim: Claim::None,
+            runner: None,
+        },
         Some(v) => match decode_kv::<ClaimRecord>(&v).map(|c| c.holder) {
-            Ok(ClaimHolder::Cancelled) => Claim::Cancelled,
-            _ => Claim::Runner,
+            Ok(ClaimHolder::Cancelled) => Claimed {
+                claim: Claim::Cancelled,
+                runner: None,
+            },
+            Ok(ClaimHolder::Runner { runner }) => Claimed {
+                claim: Claim::Runner,
+                runner: Some(runner),
+            },
+            Err(_) => Claimed {
+                claim: Claim::Runner,
+                runner: None,
+            },
         },
     })
 }
@@ -128,10 +148,15 @@ pub enum Lease {
     Absent,
 }
 
-/// The lease of `attempt`. Only the runner that claimed the attempt writes it, so a marker means
-/// the claimant's lease lapsed (judged by the server: no clocks compared) or was taken away.
-pub async fn lease(bus: &Bus, turn: &TurnId, attempt: u32) -> Result<Lease, BusError> {
-    let key = subjects::claim_key(turn, attempt);
+/// `runner`'s lease on `attempt`. Only that runner writes it (the key names it), so a marker
+/// means its lease lapsed (judged by the server: no clocks compared) or was taken away.
+pub async fn lease(
+    bus: &Bus,
+    turn: &TurnId,
+    attempt: u32,
+    runner: &RunnerId,
+) -> Result<Lease, BusError> {
+    let key = subjects::lease_key(turn, attempt, runner);
     Ok(
         match last_value(bus, subjects::BUCKET_LEASES, &key).await? {
             Some(KvLast { value: Some(_), .. }) => Lease::Live,

@@ -1,12 +1,13 @@
-//! The attempt fence on the wire: read `turnpike.fence.<turn>`'s last marker and move it by
-//! compare-and-set on that subject's last sequence, as `turnpike_core::fence` decides. Every read
-//! goes to the stream leader (the chat-out stream has no direct gets), which holds every
-//! acknowledged marker.
+//! The attempt fence on the wire: read the last marker on `turnpike.fence.<turn>.>` and move it
+//! by compare-and-set on that filter's last sequence, as `turnpike_core::fence` decides. Each
+//! writer appends under its own name (`.runner.<id>`, `.service`), and a marker is believed only
+//! for what its writer may say. Every read goes to the stream leader (the chat-out stream has no
+//! direct gets), which holds every acknowledged marker.
 
 use async_nats::jetstream::stream::{LastRawMessageErrorKind, Stream};
 use std::time::Duration;
 use turnpike_core::backoff::Backoff;
-use turnpike_core::fence::{self, FenceHolder, FenceMarker, Last};
+use turnpike_core::fence::{self, FenceHolder, FenceMarker, FenceWriter, Last};
 use turnpike_core::subjects;
 use turnpike_core::wire::{Landed, OutboundItem, OutboundKind};
 use turnpike_core::{ChatId, RunnerId, Timestamp, TurnId, FORMAT_VERSION};
@@ -35,10 +36,21 @@ async fn stream(bus: &Bus) -> Result<Stream<()>, BusError> {
         .map_err(|e| BusError::kv("open chat-out stream", e))
 }
 
-fn read_marker(m: &async_nats::jetstream::message::StreamMessage) -> Last {
+/// A marker as read: believed only if its subject names this turn and a writer that may say
+/// what it says (a runner its own claim, or a loss; a service a loss or a kill). Anything else
+/// still moved the fence (its sequence counts), but says nothing.
+fn read_marker(turn: &TurnId, m: &async_nats::jetstream::message::StreamMessage) -> Last {
+    let writer = subjects::parse_fence_marker(m.subject.as_str())
+        .filter(|(t, _)| t == turn)
+        .map(|(_, w)| w);
+    let marker = decode::<FenceMarker>(Some(&m.headers), &m.payload)
+        .ok()
+        .filter(|marker| {
+            marker.turn == *turn && writer.as_ref().is_some_and(|w| w.may_write(&marker.holder))
+        });
     Last {
         seq: m.sequence,
-        marker: decode::<FenceMarker>(Some(&m.headers), &m.payload).ok(),
+        marker,
     }
 }
 
@@ -50,7 +62,7 @@ pub async fn last(bus: &Bus, turn: &TurnId) -> Result<Option<Last>, BusError> {
         .get_last_raw_message_by_subject(&subject)
         .await
     {
-        Ok(m) => Ok(Some(read_marker(&m))),
+        Ok(m) => Ok(Some(read_marker(turn, &m))),
         Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => Ok(None),
         Err(e) => Err(BusError::kv(format!("read fence {subject}"), e)),
     }
@@ -59,7 +71,12 @@ pub async fn last(bus: &Bus, turn: &TurnId) -> Result<Option<Last>, BusError> {
 /// The marker stored at `seq`, if it is one of this turn's.
 async fn at(bus: &Bus, turn: &TurnId, seq: u64) -> Result<Option<Last>, BusError> {
     match stream(bus).await?.get_raw_message(seq).await {
-        Ok(m) if m.subject.as_str() == subjects::fence(turn) => Ok(Some(read_marker(&m))),
+        Ok(m)
+            if subjects::parse_fence_marker(m.subject.as_str())
+                .is_some_and(|(t, _)| t == *turn) =>
+        {
+            Ok(Some(read_marker(turn, &m)))
+        }
         Ok(_) => Ok(None),
         Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => Ok(None),
         Err(e) => Err(BusError::kv(format!("read fence marker {seq}"), e)),
@@ -84,10 +101,10 @@ async fn append(
     bus: &Bus,
     turn: &TurnId,
     attempt: u32,
-    holder: FenceHolder,
+    (writer, holder): (&FenceWriter, FenceHolder),
     expect: u64,
 ) -> Result<Option<u64>, BusError> {
-    let subject = subjects::fence(turn);
+    let subject = subjects::fence_marker(turn, writer);
     let marker = FenceMarker {
         v: FORMAT_VERSION,
         turn: turn.clone(),
@@ -98,7 +115,7 @@ async fn append(
     let sent = Publish::new(bus.codec, subject.clone(), &marker)?
         .header(subjects::HDR_TURN, turn.as_str())
         .header(subjects::HDR_ATTEMPT, &attempt.to_string())
-        .expect_last_on(&subject, expect)
+        .expect_last_on(&subjects::fence(turn), expect)
         .send(&bus.js)
         .await;
     match sent {
@@ -147,8 +164,9 @@ pub async fn take(
                 let holder = FenceHolder::Runner {
                     runner: runner.clone(),
                 };
+                let writer = FenceWriter::Runner(runner.clone());
                 // A publish whose ack is lost is found again as `AlreadyOurs` by the next round.
-                match append(bus, turn, attempt, holder, expect).await {
+                match append(bus, turn, attempt, (&writer, holder), expect).await {
                     Ok(Some(seq)) => return Ok(Taken::Ours(seq)),
                     // Attempt 1's first try did not read: reading is all it takes.
                     Ok(None) if round == 0 && attempt == 1 => continue,
@@ -182,14 +200,21 @@ pub enum Losing {
     Stale { current: u32 },
 }
 
-/// Fence `attempt` out, unless a later attempt already holds the fence.
-pub async fn lose(bus: &Bus, turn: &TurnId, attempt: u32) -> Result<Losing, BusError> {
+/// Fence `attempt` out, unless a later attempt already holds the fence; `writer` is who does it
+/// (the sweep, or the runner that ran the attempt).
+pub async fn lose(
+    bus: &Bus,
+    turn: &TurnId,
+    attempt: u32,
+    writer: &FenceWriter,
+) -> Result<Losing, BusError> {
     let mut pauses = pauses();
     for _ in 0..CAS_ROUNDS {
         let last = last(bus, turn).await?;
         match fence::lose(last.as_ref(), attempt) {
             fence::Lose::Append { expect, runner_seq } => {
-                if let Some(seq) = append(bus, turn, attempt, FenceHolder::Lost, expect).await? {
+                let lost = (writer, FenceHolder::Lost);
+                if let Some(seq) = append(bus, turn, attempt, lost, expect).await? {
                     let at = stored_at(bus, seq).await?;
                     return Ok(Losing::Fenced { runner_seq, at });
                 }
@@ -225,7 +250,8 @@ pub async fn kill(bus: &Bus, turn: &TurnId, attempt: u32, by: &str) -> Result<()
         match fence::kill(last.as_ref()) {
             fence::Kill::Append { expect } => {
                 let holder = FenceHolder::Killed { by: by.to_owned() };
-                if append(bus, turn, attempt, holder, expect).await?.is_some() {
+                let killed = (&FenceWriter::Service, holder);
+                if append(bus, turn, attempt, killed, expect).await?.is_some() {
                     return Ok(());
                 }
                 tokio::time::sleep(pauses.wait()).await;

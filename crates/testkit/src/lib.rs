@@ -19,20 +19,36 @@ pub struct NatsServer {
     store: tempfile::TempDir,
 }
 
-/// The deployment's users and permissions (`deploy/nats/accounts.conf`), embedded so tests run
-/// the very file operators deploy.
-pub const ACCOUNTS_CONF: &str = include_str!("../../../deploy/nats/accounts.conf");
-
-/// The users `ACCOUNTS_CONF` defines.
-pub const ROLES: [&str; 7] = [
+/// The users `deploy/nats/accounts.conf` defines besides the runners (whose passwords come from
+/// the environment: `TURNPIKE_<ROLE>_PASSWORD`).
+pub const ROLES: [&str; 6] = [
     "admin",
     "dispatcher",
     "coordinator",
-    "runner",
     "dashboard",
     "chat",
     "sys",
 ];
+
+/// The runners a test server with accounts lets in, each as its own user `runner-<id>`.
+pub const TEST_RUNNERS: [&str; 3] = ["r1", "r2", "r3"];
+
+/// The deployment's users and permissions (`deploy/nats/accounts.conf`, the very file operators
+/// deploy) with a user for each of `runners`, whose password is `test_password(runner-<id>)`.
+pub fn accounts_conf(runners: &[&str]) -> String {
+    use turnpike_jetstream::accounts::{self, RunnerUser};
+    let users: Vec<RunnerUser> = runners
+        .iter()
+        .map(|id| {
+            let id = turnpike_core::RunnerId::new(*id).expect("a valid runner id");
+            RunnerUser {
+                password: test_password(&accounts::runner_user(&id)),
+                id,
+            }
+        })
+        .collect();
+    accounts::render(accounts::TEMPLATE, &users).expect("the accounts file renders")
+}
 
 /// The password a test server gives `role` (tests only; deployments generate theirs).
 pub fn test_password(role: &str) -> String {
@@ -60,11 +76,15 @@ impl NatsServer {
     }
 
     /// Like `start`, with the deployment's per-role users and permissions
-    /// (`deploy/nats/accounts.conf`); each user's password is `test_password(role)`.
+    /// (`deploy/nats/accounts.conf`) and a user per runner of [`TEST_RUNNERS`]; each user's
+    /// password is `test_password(user)`.
     pub fn start_with_accounts() -> NatsServer {
         let store = tempfile::tempdir().expect("temp dir for the JetStream store");
-        std::fs::write(store.path().join("accounts.conf"), ACCOUNTS_CONF)
-            .expect("write accounts.conf");
+        std::fs::write(
+            store.path().join("accounts.conf"),
+            accounts_conf(&TEST_RUNNERS),
+        )
+        .expect("write accounts.conf");
         let conf = store.path().join("server.conf");
         std::fs::write(&conf, "include \"accounts.conf\"\n").expect("write server.conf");
         Self::start_in(store, Some(conf))

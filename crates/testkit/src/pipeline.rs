@@ -73,7 +73,8 @@ pub async fn start_coordinator(config: &Config) -> Role {
 }
 
 pub async fn start_runner(config: &Config) -> Role {
-    let bus = Bus::connect(config, "test-runner").await.expect("bus");
+    let config = turnpike_runner::nats_identity(config.clone()).expect("the runner's identity");
+    let bus = Bus::connect(&config, "test-runner").await.expect("bus");
     let r = turnpike_runner::Runner::new(bus, config.clone())
         .await
         .expect("runner config");

@@ -357,7 +357,8 @@ impl ExitReport {
     }
 }
 
-/// What a runner says about an attempt, on `turnpike.events.<turn>`.
+/// What a runner says about an attempt, on `turnpike.events.<turn>.<runner>` (the subject, not
+/// this payload, says which runner spoke: each runner may publish only under its own id).
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct RunnerEvent {
     #[serde(default = "v1")]

@@ -1,4 +1,4 @@
-//! The attempt fence's markers, on `turnpike.fence.<turn>` (what they decide is in
+//! The attempt fence's markers, on `turnpike.fence.<turn>.<writer>` (what they decide is in
 //! [`crate::fence`]).
 
 use super::*;

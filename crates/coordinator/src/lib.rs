@@ -101,12 +101,16 @@ impl Coordinator {
     }
 
     pub async fn run(self, shutdown: CancellationToken) -> Result<(), BusError> {
-        let consumer = turnpike_jetstream::consume::durable(
+        let Some(consumer) = turnpike_jetstream::consume::durable_patiently(
             &self.bus.js,
             subjects::STREAM_EVENTS,
             subjects::CONSUMER_COORDINATOR,
+            &shutdown,
         )
-        .await?;
+        .await
+        else {
+            return Ok(());
+        };
         info!("coordinator started");
         // Runner-lost detection is bounded by lease + this interval.
         let sweeper = tokio::spawn(sweep::run(

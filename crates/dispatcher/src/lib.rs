@@ -93,12 +93,16 @@ impl Dispatcher {
     }
 
     pub async fn run(self, shutdown: CancellationToken) -> Result<(), BusError> {
-        let consumer = turnpike_jetstream::consume::durable(
+        let Some(consumer) = turnpike_jetstream::consume::durable_patiently(
             &self.bus.js,
             subjects::STREAM_CHAT_IN,
             subjects::CONSUMER_DISPATCHER,
+            &shutdown,
         )
-        .await?;
+        .await
+        else {
+            return Ok(());
+        };
         info!("dispatcher started");
         // One lane per chat: a chat's messages are handled one at a time, in stream order (per-chat
         // order depends on it); different chats go in parallel. Unacked messages are bounded by

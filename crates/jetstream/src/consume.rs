@@ -10,6 +10,7 @@ use std::time::Duration;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
+use turnpike_core::backoff::Backoff;
 
 /// Open the durable consumer `name` of `stream`.
 pub async fn durable(
@@ -23,6 +24,31 @@ pub async fn durable(
         .get_consumer(name)
         .await
         .map_err(|e| BusError::kv(format!("open consumer {stream}/{name}"), e))
+}
+
+/// `durable` for long-running roles: the topology's consumers are made after its buckets, so a
+/// role that found the buckets may still be early (a cluster starting beside its `turnpike
+/// setup`). Wait, as `Bus::connect_patiently` does, rather than exit; `None` once `shutdown`.
+pub async fn durable_patiently(
+    js: &async_nats::jetstream::Context,
+    stream: &str,
+    name: &str,
+    shutdown: &CancellationToken,
+) -> Option<PullConsumer> {
+    let mut waits = Backoff::doubling(Duration::from_millis(250), Duration::from_secs(5));
+    loop {
+        match durable(js, stream, name).await {
+            Ok(consumer) => return Some(consumer),
+            Err(e) => {
+                let wait = waits.wait();
+                warn!(error = %e, retry_in = ?wait, "consumer not ready");
+                tokio::select! {
+                    _ = shutdown.cancelled() => return None,
+                    _ = tokio::time::sleep(wait) => {}
+                }
+            }
+        }
+    }
 }
 
 /// Hand every message to `on_message` (awaited in turn: it may spawn) until `shutdown`.

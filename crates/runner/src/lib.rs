@@ -194,12 +194,16 @@ impl Runner {
     /// attempts finish for up to `stop_grace`, kill what is left, and return once all reported.
     pub async fn run(self, shutdown: CancellationToken) -> Result<(), RunnerError> {
         let inner = self.inner;
-        let consumer: PullConsumer = turnpike_jetstream::consume::durable(
+        let Some(consumer): Option<PullConsumer> = turnpike_jetstream::consume::durable_patiently(
             &inner.bus.js,
             subjects::STREAM_WORK,
             subjects::CONSUMER_RUNNERS,
+            &shutdown,
         )
-        .await?;
+        .await
+        else {
+            return Ok(());
+        };
         // Before any work is taken: a run registers for kills before its claim, and from then
         // on this subscription hears them.
         let kills = inner

@@ -402,6 +402,23 @@ impl Cluster {
             .unwrap_or_else(|e| panic!("disconnect {name}: {e}"));
     }
 
+    /// Freeze every process of a container (the cgroup freezer: a paused VM, a stop-the-world
+    /// stall); its sockets stay open and nothing it holds is released.
+    pub async fn pause(&self, name: &str) {
+        self.docker
+            .pause_container(&self.container_name(name))
+            .await
+            .unwrap_or_else(|e| panic!("docker pause {name}: {e}"));
+    }
+
+    /// Wake a paused container where it stopped.
+    pub async fn unpause(&self, name: &str) {
+        self.docker
+            .unpause_container(&self.container_name(name))
+            .await
+            .unwrap_or_else(|e| panic!("docker unpause {name}: {e}"));
+    }
+
     /// Put it back, under the same name on the network.
     pub async fn connect(&self, name: &str) {
         self.docker

@@ -416,18 +416,7 @@ impl Watched {
             .publish(subject.to_owned(), "forged".into())
             .await
             .expect("the client sends it");
-        self.client.flush().await.expect("flush");
-        tokio::time::timeout(Duration::from_secs(10), async {
-            loop {
-                match self.violations.recv().await {
-                    Some(v) if v.contains(subject) => return v,
-                    Some(_) => continue,
-                    None => panic!("event channel closed"),
-                }
-            }
-        })
-        .await
-        .unwrap_or_else(|_| panic!("the server did not refuse a publish to {subject}"))
+        self.violation_on(subject, "a publish").await
     }
 
     /// Subscribe where this user may not, and return what the server said (within 10 s).
@@ -437,6 +426,11 @@ impl Watched {
             .subscribe(subject.to_owned())
             .await
             .expect("the client sends it");
+        self.violation_on(subject, "a subscription").await
+    }
+
+    /// The server's permissions violation naming `subject`, once what was sent reached it.
+    async fn violation_on(&mut self, subject: &str, what: &str) -> String {
         self.client.flush().await.expect("flush");
         tokio::time::timeout(Duration::from_secs(10), async {
             loop {
@@ -448,7 +442,7 @@ impl Watched {
             }
         })
         .await
-        .unwrap_or_else(|_| panic!("the server did not refuse a subscription to {subject}"))
+        .unwrap_or_else(|_| panic!("the server did not refuse {what} to {subject}"))
     }
 }
 pub mod cluster;

@@ -358,7 +358,6 @@ async fn nemesis() {
             agents_done.cancel();
             agents.await.expect("the agents' watch")
         },
-        retry_delay: opts.retry_delay,
     };
     let violations = check::check(&history);
 

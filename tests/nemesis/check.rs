@@ -89,7 +89,6 @@ pub struct History {
     /// Every chat's output, in stream order.
     pub output: Vec<OutboundItem>,
     pub agents: Vec<AgentLife>,
-    pub retry_delay: Duration,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -130,7 +129,7 @@ pub fn check(h: &History) -> Vec<Violation> {
             v("never created".into());
             continue;
         };
-        for what in turn_rules(s, r, &items, &lives, h.retry_delay) {
+        for what in turn_rules(s, r, &items, &lives) {
             v(what);
         }
         if h.listed.contains(&s.turn) {
@@ -147,7 +146,6 @@ fn turn_rules(
     r: &TurnRecord,
     items: &[&OutboundItem],
     lives: &[&AgentLife],
-    retry_delay: Duration,
 ) -> Vec<String> {
     let mut out = Vec::new();
     if !r.state.is_terminal() {
@@ -274,7 +272,6 @@ fn turn_rules(
                 ));
             }
         }
-        let _ = retry_delay;
     }
 
     // Never two agents of one turn alive at once.
@@ -438,7 +435,6 @@ mod tests {
             listed: vec![],
             output: vec![message("t-a", 2)],
             agents: vec![life("t-a", 1, 100, 1000), life("t-a", 2, 3050, 3300)],
-            retry_delay: DELAY,
         }
     }
 
@@ -512,7 +508,6 @@ mod tests {
             records: HashMap::from([(r.turn.clone(), r)]),
             output: vec![],
             agents: vec![],
-            retry_delay: DELAY,
         };
         let w = whats(&h);
         assert!(w.iter().any(|w| w.starts_with("never ended")), "{w:?}");
@@ -549,7 +544,6 @@ mod tests {
             listed: vec![],
             output: vec![message("t-1", 1), message("t-2", 1)],
             agents: vec![],
-            retry_delay: DELAY,
         };
         assert_eq!(whats(&h), Vec::<String>::new());
         h.output.reverse();

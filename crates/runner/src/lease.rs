@@ -45,6 +45,9 @@ async fn still_ours(inner: &Inner, key: &str) -> Result<Option<u64>, BusError> {
 /// the attempt holds its fence (`fence`), each heartbeat also checks the fence is still its own,
 /// so a kill or loss it missed on the wire still stops it.
 ///
+/// Each renewal also moves the watchdog's deadline on (`watchdog`, see [`watchdog_deadline`]):
+/// if this runner freezes, the agent's container stops its agent by itself.
+///
 /// A run that ends within its first heartbeat writes no lease: the sweep gives a claimed attempt
 /// with no trace of one a whole lease before it calls it lost (`recovery::absent_lease`), by
 /// which time this loop has written it or stopped the run.
@@ -54,6 +57,7 @@ pub(crate) fn keep_alive(
     attempt: u32,
     stop: Arc<watch::Sender<Option<StopReason>>>,
     fence: watch::Receiver<Option<u64>>,
+    watchdog: watch::Sender<Instant>,
     claimed_at: Instant,
 ) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
@@ -109,6 +113,7 @@ pub(crate) fn keep_alive(
                 Ok(Ok(s)) => {
                     last_ok = sent;
                     seq = Some(s);
+                    watchdog.send_replace(watchdog_deadline(last_ok, lease, beat));
                 }
                 Ok(Err(BusError::Fenced { .. })) => {
                     match tokio::time::timeout(left(), still_ours(&inner, &key)).await {
@@ -146,9 +151,32 @@ pub(crate) fn keep_alive(
     })
 }
 
+/// When the agent must be gone if its runner, whose last lease write that went through was sent
+/// at `last_ok`, cannot stop it itself: half a heartbeat after the runner's own stop (so a live
+/// runner stops its run first, and says why), half a heartbeat before the lease can lapse on
+/// the server (whose time-to-live started no sooner than `last_ok`), so before the attempt can
+/// be declared lost and retried.
+pub(crate) fn watchdog_deadline(last_ok: Instant, lease: Duration, beat: Duration) -> Instant {
+    last_ok + lease.saturating_sub(beat) + beat / 2
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_watchdog_fires_after_the_runner_would_stop_and_before_the_lease_lapses() {
+        let t = Instant::now();
+        for (lease, beat) in [(6, 2), (15, 5), (4, 1), (1, 1)] {
+            let (lease, beat) = (Duration::from_secs(lease), Duration::from_secs(beat));
+            let d = watchdog_deadline(t, lease, beat);
+            assert!(
+                d > t + lease.saturating_sub(beat),
+                "after the runner's own stop"
+            );
+            assert!(d < t + lease, "before the lease can lapse");
+        }
+    }
 
     #[test]
     fn ttl_rounds_up_to_whole_seconds() {

@@ -169,7 +169,7 @@ impl Runner {
             turnpike_config::Backend::Docker => {
                 let mut docker = DockerBackend::connect(&config, id.clone()).await?;
                 docker.set_deployment(deployment(&bus).await?);
-                Backend::Docker(docker)
+                Backend::Docker(Box::new(docker))
             }
         };
         Ok(Runner {

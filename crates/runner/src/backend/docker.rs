@@ -42,8 +42,12 @@ pub const LABEL_INSTANCE: &str = "turnpike.instance";
 /// containers only within its own deployment, whose runners it can see.
 pub const LABEL_DEPLOYMENT: &str = "turnpike.deployment";
 
+/// The per-attempt volume inside the container: the watchdog and the attachments.
+pub const RUN_DIR: &str = "/turnpike";
 /// Where attachments appear inside the container.
 pub const ATTACHMENT_DIR: &str = "/turnpike/attachments";
+/// The watchdog (`turnpike-agent-init`), PID 1 of every agent container.
+pub const INIT_PATH: &str = "/turnpike/init";
 /// Size of the agent's writable /tmp (a tmpfs, so it counts against the memory limit).
 const TMP_BYTES: u64 = 64 << 20;
 
@@ -53,6 +57,18 @@ const ENGINE_TIMEOUT: Duration = Duration::from_secs(60);
 pub struct DockerBackend {
     docker: Docker,
     container: ContainerSettings,
+    /// The watchdog binary, copied into every agent container (read from `agent_init_image`
+    /// once, at start).
+    init: bytes::Bytes,
+}
+
+/// The entrypoint of an agent container: the watchdog, the time it may wait for the runner's
+/// first word, then the agent's own command (the image's entrypoint and command).
+pub fn watchdog_command(first: Duration, agent: impl IntoIterator<Item = String>) -> Vec<String> {
+    [INIT_PATH.to_owned(), first.as_millis().to_string()]
+        .into_iter()
+        .chain(agent)
+        .collect()
 }
 
 /// The container every attempt of a runner gets, from its config: image, numeric user, limits,
@@ -85,11 +101,21 @@ impl ContainerSettings {
     }
 
     /// What an attempt's container is created with: the image, the numeric user, stdin for the
-    /// input document, the limits, the network and the labels.
-    pub fn body(&self, work: &WorkItem, memory_limit: u64) -> ContainerCreateBody {
+    /// input document, the limits, the network and the labels; `command` replaces the image's
+    /// entrypoint and command (the watchdog in front of them, [`watchdog_command`]), `None`
+    /// keeps the image's own.
+    pub fn body(
+        &self,
+        work: &WorkItem,
+        memory_limit: u64,
+        command: Option<Vec<String>>,
+    ) -> ContainerCreateBody {
         let memory = i64::try_from(memory_limit).unwrap_or(i64::MAX);
+        let cmd = command.as_ref().map(|_| Vec::new());
         ContainerCreateBody {
             image: Some(self.image.clone()),
+            entrypoint: command,
+            cmd,
             user: Some(self.user.clone()),
             attach_stdin: Some(true),
             attach_stdout: Some(true),
@@ -119,16 +145,17 @@ impl ContainerSettings {
                 cap_drop: Some(vec!["ALL".to_owned()]),
                 security_opt: Some(vec!["no-new-privileges".to_owned()]),
                 // Nothing of the image can be changed: the agent writes to a small /tmp in
-                // memory (counted against its memory limit), and reads its attachments from an
-                // anonymous volume (the engine copies into a volume even on a read-only root;
-                // it goes with the container, which is removed with its volumes).
+                // memory (counted against its memory limit), and reads its attachments (and
+                // runs behind the watchdog) from an anonymous volume (the engine copies into a
+                // volume even on a read-only root; it goes with the container, which is removed
+                // with its volumes).
                 readonly_rootfs: Some(true),
                 tmpfs: Some(HashMap::from([(
                     "/tmp".to_owned(),
                     format!("rw,noexec,nosuid,size={TMP_BYTES}"),
                 )])),
                 mounts: Some(vec![Mount {
-                    target: Some(ATTACHMENT_DIR.to_owned()),
+                    target: Some(RUN_DIR.to_owned()),
                     typ: Some(MountType::VOLUME),
                     ..Default::default()
                 }]),
@@ -199,10 +226,42 @@ impl DockerBackend {
         .negotiate_version()
         .await
         .map_err(BackendError::DockerUnreachable)?;
+        let init = load_init(&docker, &config.agent_init_image).await?;
         Ok(DockerBackend {
             docker,
             container: ContainerSettings::new(config, runner),
+            init,
         })
+    }
+
+    /// The agent image's own entrypoint and command, read at each attempt: an image rebuilt
+    /// under the same tag runs with its new command. `Err`: a refusal (no such image, or an
+    /// image with nothing to run), which no retry changes.
+    async fn agent_command(&self) -> Result<Result<Vec<String>, String>, DockerError> {
+        let image = match self.docker.inspect_image(&self.container.image).await {
+            Ok(i) => i,
+            Err(e) if is_refusal(&e) => {
+                return Ok(Err(format!(
+                    "cannot use image {:?}: {e}",
+                    self.container.image
+                )))
+            }
+            Err(e) => return Err(e),
+        };
+        let config = image.config.unwrap_or_default();
+        let command: Vec<String> = config
+            .entrypoint
+            .unwrap_or_default()
+            .into_iter()
+            .chain(config.cmd.unwrap_or_default())
+            .collect();
+        if command.is_empty() {
+            return Ok(Err(format!(
+                "image {:?} has neither an entrypoint nor a command",
+                self.container.image
+            )));
+        }
+        Ok(Ok(command))
     }
 
     /// Does the engine enforce memory limits (cgroup memory controller present)?
@@ -357,7 +416,25 @@ impl DockerBackend {
             Ok(i) => i,
             Err(e) => return engine_error(format!("cannot encode the input document: {e}")),
         };
-        let body = self.container.body(work, spec.memory_limit);
+        let command = match self.agent_command().await {
+            Ok(Ok(c)) => c,
+            Ok(Err(refused)) => {
+                return RawExit {
+                    start_error: Some(refused),
+                    ..RawExit::default()
+                }
+            }
+            Err(e) => return engine_error(format!("inspecting the agent image failed: {e}")),
+        };
+        let first = spec
+            .watchdog
+            .borrow()
+            .saturating_duration_since(std::time::Instant::now());
+        let body = self.container.body(
+            work,
+            spec.memory_limit,
+            Some(watchdog_command(first, command)),
+        );
         let created = self
             .docker
             .create_container(
@@ -398,20 +475,18 @@ impl DockerBackend {
         out: mpsc::Sender<Output>,
         mut stop: watch::Receiver<Option<StopReason>>,
     ) -> RawExit {
-        if !spec.attachments.is_empty() {
-            let tar = match attachments_tar(spec.attachments.clone()).await {
-                Ok(t) => t,
-                Err(e) => return engine_error(format!("cannot pack attachments: {e}")),
-            };
-            let opts = UploadToContainerOptionsBuilder::new()
-                .path(ATTACHMENT_DIR)
-                .build();
-            let body = bollard::body_try_stream(tokio_util::io::ReaderStream::new(tar));
-            if let Err(e) = self.docker.upload_to_container(id, Some(opts), body).await {
-                return engine_error(format!(
-                    "copying attachments into the container failed: {e}"
-                ));
+        let tar = match run_dir_tar(self.init.clone(), spec.attachments.clone()).await {
+            Ok(t) => t,
+            Err(e) => {
+                return engine_error(format!("cannot pack the watchdog and attachments: {e}"))
             }
+        };
+        let opts = UploadToContainerOptionsBuilder::new().path(RUN_DIR).build();
+        let body = bollard::body_try_stream(tokio_util::io::ReaderStream::new(tar));
+        if let Err(e) = self.docker.upload_to_container(id, Some(opts), body).await {
+            return engine_error(format!(
+                "copying the watchdog and attachments into the container failed: {e}"
+            ));
         }
 
         // The engine's oom event: State.OOMKilled alone misses a child killed inside the cgroup.
@@ -451,6 +526,15 @@ impl DockerBackend {
             oom_watch.abort();
             return stopped;
         }
+        // Past the watchdog's deadline (this runtime froze during the create): the attempt may
+        // be another's by now. The watchdog would not start the agent either.
+        if *spec.watchdog.borrow() <= std::time::Instant::now() {
+            oom_watch.abort();
+            return RawExit {
+                stopped_by: Some(StopReason::LeaseLost),
+                ..RawExit::default()
+            };
+        }
         if let Err(e) = self.docker.start_container(id, None).await {
             oom_watch.abort();
             return if is_refusal(&e) {
@@ -463,12 +547,7 @@ impl DockerBackend {
             };
         }
         let _ = out.send(Output::Started).await;
-        let mut stdin = attach.input;
-        let feeder = tokio::spawn(async move {
-            // An agent that exits without reading its input is not an error here.
-            let _ = stdin.write_all(&input).await;
-            let _ = stdin.shutdown().await;
-        });
+        let feeder = tokio::spawn(feed(attach.input, input, spec.watchdog.clone()));
         let mut output = attach.output;
         let pump = tokio::spawn(async move {
             while let Some(item) = output.next().await {
@@ -518,6 +597,15 @@ impl DockerBackend {
             Err(_) => (None, false),
         };
         let exit_code = wait_code.or(state_code);
+        // The watchdog stopped the agent: this runner did not renew the lease in time (it was
+        // frozen, or too slow to reach NATS), so the attempt is not its own any more.
+        let stopped_by = match (stopped_by, exit_code) {
+            (None, Some(code)) if code == i64::from(turnpike_agent_init::EXIT_WATCHDOG) => {
+                warn!("the watchdog stopped the agent: the lease was not renewed in time");
+                Some(StopReason::LeaseLost)
+            }
+            (by, _) => by,
+        };
         if exit_code.is_none() {
             return RawExit {
                 stopped_by,
@@ -636,20 +724,139 @@ fn is_refusal(e: &DockerError) -> bool {
     }
 }
 
-/// A tar archive with one `<name>` per attachment (unpacked in ATTACHMENT_DIR), readable by any
-/// user, packed from the spooled files into an unnamed temporary file and streamed from there:
-/// never more than a buffer of it in memory.
-async fn attachments_tar(
+/// Where the watchdog binary lies in `agent_init_image`.
+const INIT_IN_IMAGE: &str = "/turnpike-agent-init";
+/// The watchdog is small (a static binary of a few hundred KiB); anything far larger is not it.
+const INIT_MAX_BYTES: u64 = 16 << 20;
+
+/// Read the watchdog binary out of `image`: a container is created from it (never started),
+/// the file copied out, and the container removed.
+async fn load_init(docker: &Docker, image: &str) -> Result<bytes::Bytes, BackendError> {
+    let missing = |detail: String| BackendError::InitImage {
+        image: image.to_owned(),
+        detail,
+    };
+    let body = ContainerCreateBody {
+        image: Some(image.to_owned()),
+        // Never run; the engine wants something to run all the same.
+        entrypoint: Some(vec![INIT_IN_IMAGE.to_owned()]),
+        labels: Some(HashMap::from([(
+            LABEL_MANAGED.to_owned(),
+            "init-copy".to_owned(),
+        )])),
+        ..Default::default()
+    };
+    let created = docker
+        .create_container(
+            None::<bollard::query_parameters::CreateContainerOptions>,
+            body,
+        )
+        .await
+        .map_err(|e| missing(e.to_string()))?;
+    let opts = bollard::query_parameters::DownloadFromContainerOptionsBuilder::new()
+        .path(INIT_IN_IMAGE)
+        .build();
+    let mut tar = Vec::new();
+    let mut stream = docker.download_from_container(&created.id, Some(opts));
+    let mut read = Ok(());
+    while let Some(chunk) = stream.next().await {
+        match chunk {
+            Ok(c) if (tar.len() + c.len()) as u64 <= INIT_MAX_BYTES * 2 => {
+                tar.extend_from_slice(&c)
+            }
+            Ok(_) => {
+                read = Err(format!(
+                    "{INIT_IN_IMAGE} is larger than {INIT_MAX_BYTES} bytes"
+                ));
+                break;
+            }
+            Err(e) => {
+                read = Err(e.to_string());
+                break;
+            }
+        }
+    }
+    drop(stream);
+    let opts = RemoveContainerOptionsBuilder::new()
+        .force(true)
+        .v(true)
+        .build();
+    if let Err(e) = docker.remove_container(&created.id, Some(opts)).await {
+        warn!(container = %created.id, error = %e, "could not remove the watchdog's copy container");
+    }
+    read.map_err(missing)?;
+    let mut archive = tar::Archive::new(&tar[..]);
+    let mut entries = archive.entries().map_err(|e| missing(e.to_string()))?;
+    let mut entry = entries
+        .next()
+        .ok_or_else(|| missing(format!("{INIT_IN_IMAGE} is not in the image")))?
+        .map_err(|e| missing(e.to_string()))?;
+    let mut init = Vec::new();
+    std::io::Read::read_to_end(&mut entry, &mut init).map_err(|e| missing(e.to_string()))?;
+    if !init.starts_with(b"\x7fELF") {
+        return Err(missing(format!("{INIT_IN_IMAGE} is not an executable")));
+    }
+    Ok(bytes::Bytes::from(init))
+}
+
+/// Write the input document, then a heartbeat each time the watchdog's deadline moves (each
+/// lease renewal), until the run is over (the task is aborted) or the deadline's sender is gone
+/// (the watchdog then stops the agent at the last deadline it heard).
+async fn feed(
+    mut stdin: std::pin::Pin<Box<dyn tokio::io::AsyncWrite + Send>>,
+    input: Vec<u8>,
+    mut deadline: watch::Receiver<std::time::Instant>,
+) {
+    use turnpike_agent_init::{beat, header};
+    let mut first = header(input.len());
+    first.extend_from_slice(&input);
+    loop {
+        let until = *deadline.borrow_and_update();
+        first.extend(beat(
+            until.saturating_duration_since(std::time::Instant::now()),
+        ));
+        if stdin.write_all(&first).await.is_err() || stdin.flush().await.is_err() {
+            // The container is gone or going; its watchdog needs nothing more.
+            return;
+        }
+        first.clear();
+        if deadline.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
+/// A tar archive for the run's volume: `init` (the watchdog, executable by any user) and
+/// `attachments/<name>` per attachment (readable by any user), packed from memory and the
+/// spooled files into an unnamed temporary file and streamed from there: never more than a
+/// buffer of the attachments in memory.
+async fn run_dir_tar(
+    init: bytes::Bytes,
     files: Vec<crate::attachments::Spooled>,
 ) -> std::io::Result<tokio::fs::File> {
     let tar = tokio::task::spawn_blocking(move || {
         let mut builder = tar::Builder::new(tempfile::tempfile()?);
+        let mut h = tar::Header::new_gnu();
+        h.set_mode(0o555);
+        h.set_size(init.len() as u64);
+        h.set_cksum();
+        builder.append_data(&mut h, "init", &init[..])?;
+        let mut h = tar::Header::new_gnu();
+        h.set_entry_type(tar::EntryType::Directory);
+        h.set_mode(0o755);
+        h.set_size(0);
+        h.set_cksum();
+        builder.append_data(&mut h, "attachments/", std::io::empty())?;
         for a in &files {
             let mut h = tar::Header::new_gnu();
             h.set_mode(0o644);
             h.set_size(a.len);
             h.set_cksum();
-            builder.append_data(&mut h, &a.name, std::fs::File::open(&a.path)?)?;
+            builder.append_data(
+                &mut h,
+                format!("attachments/{}", a.name),
+                std::fs::File::open(&a.path)?,
+            )?;
         }
         let mut file = builder.into_inner()?;
         std::io::Seek::rewind(&mut file)?;

@@ -7,8 +7,9 @@ mod process;
 pub mod tree;
 
 pub use docker::{
-    attach_options, Container, ContainerSettings, DockerBackend, Orphan, ATTACHMENT_DIR,
-    LABEL_ATTEMPT, LABEL_CHAT, LABEL_INSTANCE, LABEL_MANAGED, LABEL_RUNNER, LABEL_TURN,
+    attach_options, watchdog_command, Container, ContainerSettings, DockerBackend, Orphan,
+    ATTACHMENT_DIR, INIT_PATH, LABEL_ATTEMPT, LABEL_CHAT, LABEL_INSTANCE, LABEL_MANAGED,
+    LABEL_RUNNER, LABEL_TURN, RUN_DIR,
 };
 pub use process::ProcessBackend;
 
@@ -26,6 +27,10 @@ pub struct RunSpec {
     pub attachments: Vec<crate::attachments::Spooled>,
     pub memory_limit: u64,
     pub stop_grace: Duration,
+    /// When the agent must be stopped if the runner cannot stop it itself (frozen, cut off):
+    /// moved on by each lease renewal. The docker backend's watchdog enforces it inside the
+    /// container.
+    pub watchdog: watch::Receiver<std::time::Instant>,
 }
 
 #[derive(Debug)]
@@ -37,7 +42,7 @@ pub enum Output {
 }
 
 pub enum Backend {
-    Docker(DockerBackend),
+    Docker(Box<DockerBackend>),
     Process(ProcessBackend),
 }
 
@@ -56,6 +61,8 @@ pub enum BackendError {
         "cannot talk to the Docker Engine (is it running, and may this user use its socket?): {0}"
     )]
     DockerUnreachable(#[source] bollard::errors::Error),
+    #[error("cannot read the agent watchdog from image {image:?} (agent_init_image; build it with deploy/build-images.sh): {detail}")]
+    InitImage { image: String, detail: String },
     #[error("the Docker Engine failed to {what}: {source}")]
     Docker {
         what: &'static str,

@@ -358,6 +358,7 @@ mod tests {
             attachments: Vec::new(),
             memory_limit: 1 << 30,
             stop_grace: std::time::Duration::from_secs(1),
+            watchdog: watch::channel(std::time::Instant::now()).1,
         };
         let (out_tx, mut out_rx) = mpsc::channel(8);
         let (stop_tx, stop_rx) = watch::channel(None);

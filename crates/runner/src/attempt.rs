@@ -107,6 +107,72 @@ fn attempt_start(
     }
 }
 
+/// Why a step before the agent's start gave up: its last error, and the stop that ended the
+/// tries if one did.
+struct GaveUp<E> {
+    error: E,
+    stopped: Option<StopReason>,
+}
+
+impl<E: std::fmt::Display> GaveUp<E> {
+    /// The attempt's exit: as the stop says (a lost lease is a lost runner, a kill a kill), or
+    /// an engine failure if the tries ran out first.
+    fn report(&self, what: &str) -> ExitReport {
+        use turnpike_core::wire::ExitClass;
+        let reason = format!("{what}: {}", self.error);
+        let class = match self.stopped {
+            Some(why) => classify(
+                &crate::classify::RawExit {
+                    stopped_by: Some(why),
+                    ..Default::default()
+                },
+                None,
+                false,
+            ),
+            None => ExitClass::EngineError,
+        };
+        ExitReport::without_output(class, reason, now())
+    }
+}
+
+/// Run `step` until it succeeds, fails in a way no retry changes (`transient` says which), the
+/// attempt is stopped (a kill, its lease lost: NATS down for as long blocks the lease too), or
+/// `patience` has passed (the run's time limit: the longest an attempt may take); between tries,
+/// a doubling pause.
+async fn patiently<T, E, F, Fut>(
+    stop: &watch::Receiver<Option<StopReason>>,
+    patience: std::time::Duration,
+    mut step: F,
+    transient: impl Fn(&E) -> bool,
+) -> Result<T, GaveUp<E>>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, E>>,
+    E: std::fmt::Display,
+{
+    let until = tokio::time::Instant::now() + patience;
+    let mut pauses = turnpike_core::backoff::Backoff::doubling(
+        std::time::Duration::from_millis(50),
+        std::time::Duration::from_secs(1),
+    );
+    let mut stop = stop.clone();
+    loop {
+        let error = match step().await {
+            Ok(t) => return Ok(t),
+            Err(e) => e,
+        };
+        let stopped = *stop.borrow();
+        if !transient(&error) || stopped.is_some() || tokio::time::Instant::now() >= until {
+            return Err(GaveUp { error, stopped });
+        }
+        debug!(%error, "not yet; trying again");
+        tokio::select! {
+            _ = tokio::time::sleep(pauses.wait()) => {}
+            _ = stop.changed() => {}
+        }
+    }
+}
+
 /// Take the fence and, if it is ours, run the attempt; returns its exit report (`None`: what it
 /// landed could not be settled; the sweep will).
 #[allow(clippy::too_many_arguments)]
@@ -121,14 +187,23 @@ async fn run_fenced(
     watchdog: watch::Receiver<std::time::Instant>,
 ) -> Option<ExitReport> {
     use turnpike_core::wire::ExitClass;
-    // Fence: from here on, this attempt's bot messages land only while the turn's fence is ours.
-    // Taken by compare-and-set, so a kill or a loss decided before this point is never overrun.
-    let taken = turnpike_store::fence::take(&inner.bus, &work.turn, work.attempt, &inner.id).await;
     // The claim makes any redelivery harmless from here on, whatever happens next: a plain ack
     // (no round trip) is enough, since a lost one only brings a delivery the claim turns away.
     if let Err(e) = msg.ack().await {
         debug!(error = %e, "ack of the work item failed; the claim keeps it ours");
     }
+    // Fence: from here on, this attempt's bot messages land only while the turn's fence is ours.
+    // Taken by compare-and-set, so a kill or a loss decided before this point is never overrun.
+    // A NATS failure is tried again: nothing has run, and an attempt spent on a leader election
+    // would be one less for the agent. While the lease is renewed nothing is lost by waiting (a
+    // stream's election can outlast a lease); the run's own time limit bounds it.
+    let taken = patiently(
+        &stop_rx,
+        inner.config.run_timeout,
+        || turnpike_store::fence::take(&inner.bus, &work.turn, work.attempt, &inner.id),
+        turnpike_jetstream::BusError::is_transient,
+    )
+    .await;
     let fence_seq = match taken {
         Ok(Taken::Ours(seq)) => seq,
         Ok(Taken::Killed) => {
@@ -147,23 +222,30 @@ async fn run_fenced(
                 now(),
             ));
         }
-        Err(e) => {
+        Err(gave_up) => {
             // Without the fence nothing can land safely. Report a death so the coordinator
             // decides (a retry, if the budget allows).
-            warn!(error = %e, "cannot take the attempt fence");
-            return Some(ExitReport::without_output(
-                ExitClass::EngineError,
-                format!("cannot take the fence: {e}"),
-                now(),
-            ));
+            warn!(error = %gave_up.error, stopped = ?gave_up.stopped, "cannot take the attempt fence");
+            return Some(gave_up.report("cannot take the fence"));
         }
     };
     fence_tx.send_replace(Some(fence_seq));
 
-    // Kept until the run is over: the backend reads the files from it.
-    let spool = match crate::attachments::fetch(&inner.bus, &inner.config, work).await {
+    // Kept until the run is over: the backend reads the files from it. An object store that
+    // does not answer is tried again, as the fence is.
+    let fetched = patiently(
+        &stop_rx,
+        inner.config.run_timeout,
+        || crate::attachments::fetch(&inner.bus, &inner.config, work),
+        |e| matches!(e, crate::attachments::AttachmentError::Unavailable(_)),
+    )
+    .await;
+    let spool = match fetched {
         Ok(s) => s,
-        Err(crate::attachments::AttachmentError::Refused(e)) => {
+        Err(GaveUp {
+            error: crate::attachments::AttachmentError::Refused(e),
+            ..
+        }) => {
             warn!(error = %e, "attachments refused");
             return Some(ExitReport::without_output(
                 ExitClass::CouldNotStart,
@@ -171,9 +253,9 @@ async fn run_fenced(
                 now(),
             ));
         }
-        Err(crate::attachments::AttachmentError::Unavailable(e)) => {
-            warn!(error = %e, "attachments unavailable; the attempt dies and may be retried");
-            return Some(ExitReport::without_output(ExitClass::EngineError, e, now()));
+        Err(gave_up) => {
+            warn!(error = %gave_up.error, stopped = ?gave_up.stopped, "attachments unavailable; the attempt dies and may be retried");
+            return Some(gave_up.report("attachments unavailable"));
         }
     };
 
@@ -261,4 +343,97 @@ async fn run_fenced(
         crate::claim::settle_uncertain(inner, work, &mut report).await?;
     }
     Some(report)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn transient(e: &&str) -> bool {
+        e.starts_with("transient")
+    }
+
+    #[tokio::test]
+    async fn a_step_that_fails_transiently_is_tried_until_it_succeeds() {
+        let (_stop, stop_rx) = watch::channel(None);
+        let mut tries = 0;
+        let got = patiently(
+            &stop_rx,
+            Duration::from_secs(60),
+            || {
+                tries += 1;
+                let now = tries;
+                async move {
+                    if now < 3 {
+                        Err("transient: no leader")
+                    } else {
+                        Ok(now)
+                    }
+                }
+            },
+            transient,
+        )
+        .await;
+        assert!(matches!(got, Ok(3)));
+    }
+
+    #[tokio::test]
+    async fn a_permanent_failure_is_not_tried_again() {
+        let (_stop, stop_rx) = watch::channel(None);
+        let mut tries = 0;
+        let got: Result<(), _> = patiently(
+            &stop_rx,
+            Duration::from_secs(60),
+            || {
+                tries += 1;
+                async { Err("refused") }
+            },
+            transient,
+        )
+        .await;
+        let gave_up = got.expect_err("gave up");
+        assert_eq!(
+            (gave_up.error, gave_up.stopped, tries),
+            ("refused", None, 1)
+        );
+        assert_eq!(
+            gave_up.report("x").class,
+            turnpike_core::wire::ExitClass::EngineError
+        );
+    }
+
+    #[tokio::test]
+    async fn a_stop_ends_the_tries_and_says_how_the_attempt_ended() {
+        for (why, class) in [
+            (
+                StopReason::LeaseLost,
+                turnpike_core::wire::ExitClass::RunnerLost,
+            ),
+            (
+                StopReason::Operator,
+                turnpike_core::wire::ExitClass::OperatorKilled,
+            ),
+        ] {
+            let (stop, stop_rx) = watch::channel(None);
+            let mut tries = 0;
+            let got: Result<(), _> = patiently(
+                &stop_rx,
+                Duration::from_secs(3600),
+                || {
+                    tries += 1;
+                    if tries == 2 {
+                        stop.send_replace(Some(why));
+                    }
+                    async { Err("transient: timed out") }
+                },
+                transient,
+            )
+            .await;
+            let gave_up = got.expect_err("gave up");
+            assert_eq!(gave_up.stopped, Some(why));
+            assert_eq!(tries, 2);
+            assert_eq!(gave_up.report("cannot take the fence").class, class);
+        }
+    }
 }

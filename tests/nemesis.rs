@@ -7,7 +7,8 @@
 //!
 //! `TURNPIKE_NEMESIS_SECS` (default 300) is how long faults are struck; `TURNPIKE_NEMESIS_SEED`
 //! picks the schedule and the workload (default: a fixed seed, so CI runs one known schedule; the
-//! long run takes a new one and prints it). A violation prints the turn, the seed and the faults
+//! long run takes a new one and prints it); `TURNPIKE_NEMESIS_CHATS` (default 12) how many chats
+//! send at once. A violation prints the turn, the seed and the faults
 //! around it; the same seed strikes the same faults at the same offsets again.
 
 use rand::rngs::StdRng;
@@ -30,7 +31,8 @@ use schedule::{Fault, Kind};
 
 /// The seed CI runs: any fixed one; a seed that found a bug becomes a case of its own.
 const CI_SEED: u64 = 34;
-const CHATS: usize = 12;
+/// Chats sending at once, unless `TURNPIKE_NEMESIS_CHATS` says otherwise.
+const CHATS: u64 = 12;
 /// Unended turns a chat may have before it waits: enough to queue behind a running turn.
 const CHAT_BACKLOG: usize = 2;
 
@@ -271,6 +273,7 @@ async fn nemesis() {
     init_logs();
     let secs = env_u64("TURNPIKE_NEMESIS_SECS").unwrap_or(300);
     let seed = env_u64("TURNPIKE_NEMESIS_SEED").unwrap_or(CI_SEED);
+    let chats = env_u64("TURNPIKE_NEMESIS_CHATS").unwrap_or(CHATS);
     let length = Duration::from_secs(secs);
     let opts = ClusterOpts::default();
     let shape = schedule::Shape {
@@ -290,7 +293,7 @@ async fn nemesis() {
             .join("\n")
     );
     let c = Arc::new(Cluster::start(opts.clone()).await);
-    for k in 0..CHATS {
+    for k in 0..chats {
         let mut blob: &[u8] = &vec![0x5a; 256 << 10];
         c.bus
             .attachments
@@ -307,11 +310,11 @@ async fn nemesis() {
     let sent = Arc::new(Mutex::new(Vec::new()));
     let kills = Arc::new(Mutex::new(Vec::new()));
     let mut tasks = Vec::new();
-    for k in 0..CHATS {
+    for k in 0..chats {
         tasks.push(tokio::spawn(chat(
             c.clone(),
             format!("nm{seed}-{k}"),
-            seed.wrapping_mul(1_000_003).wrapping_add(k as u64),
+            seed.wrapping_mul(1_000_003).wrapping_add(k),
             until,
             sent.clone(),
             kills.clone(),

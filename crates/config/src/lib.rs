@@ -166,7 +166,8 @@ pub struct Config {
     pub agent_image: String,
     /// Image holding the watchdog, `/turnpike-agent-init` (docker backend): a runner copies it
     /// into every agent container as its PID 1, which stops the agent when the runner stops
-    /// renewing the attempt's lease (built by deploy/build-images.sh).
+    /// renewing the attempt's lease. Built by deploy/build-images.sh; a runner refuses to start
+    /// without it.
     pub agent_init_image: String,
     /// The Docker Engine's socket (docker backend), e.g. `unix:///run/user/1000/docker.sock`
     /// (default: `$DOCKER_HOST`, else the local socket).

@@ -485,26 +485,29 @@ async fn the_agent_writes_only_to_its_tmp() {
     }
 }
 
-/// A run stopped before its container starts (its lease deadline passed during a slow create, a
-/// kill) reports the stop and never starts the container; the created one is removed.
-#[tokio::test]
-async fn a_run_stopped_before_its_container_starts_never_starts_it() {
-    use tokio::sync::{mpsc, watch};
-    use turnpike_core::exit::StopReason;
-    use turnpike_runner::backend::{DockerBackend, Output, RunSpec};
-
-    let server = NatsServer::start();
-    let runner_id = "docker-stopped-before-start";
-    let config = docker_config(&server, runner_id);
-    let backend = DockerBackend::connect(
+/// A Docker backend of its own (runner `runner_id`, against a NATS server of its own, which the
+/// caller keeps) and one attempt of `text` in chat `chat` for it, with the watchdog's deadline
+/// `watchdog`.
+async fn backend_and_spec(
+    server: &NatsServer,
+    runner_id: &str,
+    chat: &str,
+    text: &str,
+    watchdog: tokio::sync::watch::Receiver<Instant>,
+) -> (
+    turnpike_runner::backend::DockerBackend,
+    turnpike_runner::backend::RunSpec,
+) {
+    let config = docker_config(server, runner_id);
+    let backend = turnpike_runner::backend::DockerBackend::connect(
         &config,
         turnpike_core::RunnerId::new(runner_id).expect("runner id"),
     )
     .await
     .expect("the Docker Engine answers");
-    let chat = turnpike_core::ChatId::new("stopped-before-start").expect("chat id");
-    let message = turnpike_core::wire::InboundMessage::new(chat.clone(), "m", "reply:ok", None);
-    let spec = RunSpec {
+    let chat = turnpike_core::ChatId::new(chat).expect("chat id");
+    let message = turnpike_core::wire::InboundMessage::new(chat.clone(), "m", text, None);
+    let spec = turnpike_runner::backend::RunSpec {
         work: turnpike_core::wire::WorkItem {
             v: turnpike_core::FORMAT_VERSION,
             turn: message.turn(),
@@ -517,8 +520,30 @@ async fn a_run_stopped_before_its_container_starts_never_starts_it() {
         attachments: Vec::new(),
         memory_limit: config.memory_limit.0,
         stop_grace: config.stop_grace,
-        watchdog: watch::channel(std::time::Instant::now() + config.lease).1,
+        watchdog,
     };
+    (backend, spec)
+}
+
+/// A run stopped before its container starts (its lease deadline passed during a slow create, a
+/// kill) reports the stop and never starts the container; the created one is removed.
+#[tokio::test]
+async fn a_run_stopped_before_its_container_starts_never_starts_it() {
+    use tokio::sync::{mpsc, watch};
+    use turnpike_core::exit::StopReason;
+    use turnpike_runner::backend::Output;
+
+    let server = NatsServer::start();
+    let runner_id = "docker-stopped-before-start";
+    let deadline = watch::channel(Instant::now() + Duration::from_secs(60)).1;
+    let (backend, spec) = backend_and_spec(
+        &server,
+        runner_id,
+        "stopped-before-start",
+        "reply:ok",
+        deadline,
+    )
+    .await;
     let (out_tx, mut out_rx) = mpsc::channel(8);
     let (stop_tx, stop_rx) = watch::channel(None);
     stop_tx.send_replace(Some(StopReason::LeaseLost));
@@ -547,36 +572,13 @@ async fn a_run_stopped_before_its_container_starts_never_starts_it() {
 async fn an_agent_whose_runner_stops_renewing_is_stopped_by_its_watchdog() {
     use tokio::sync::{mpsc, watch};
     use turnpike_core::exit::{classify, StopReason};
-    use turnpike_runner::backend::{DockerBackend, Output, RunSpec};
+    use turnpike_runner::backend::Output;
 
     let server = NatsServer::start();
     let runner_id = "docker-watchdog";
-    let config = docker_config(&server, runner_id);
-    let backend = DockerBackend::connect(
-        &config,
-        turnpike_core::RunnerId::new(runner_id).expect("runner id"),
-    )
-    .await
-    .expect("the Docker Engine answers");
-    let chat = turnpike_core::ChatId::new("watchdog").expect("chat id");
-    let message = turnpike_core::wire::InboundMessage::new(chat.clone(), "m", "hang", None);
     // The last heartbeat the frozen runner sent: the agent may live two more seconds.
     let (_frozen, deadline) = watch::channel(Instant::now() + Duration::from_secs(2));
-    let spec = RunSpec {
-        work: turnpike_core::wire::WorkItem {
-            v: turnpike_core::FORMAT_VERSION,
-            turn: message.turn(),
-            chat,
-            attempt: 1,
-            max_attempts: 1,
-            message,
-            history: Vec::new(),
-        },
-        attachments: Vec::new(),
-        memory_limit: config.memory_limit.0,
-        stop_grace: config.stop_grace,
-        watchdog: deadline,
-    };
+    let (backend, spec) = backend_and_spec(&server, runner_id, "watchdog", "hang", deadline).await;
     let (out_tx, mut out_rx) = mpsc::channel(64);
     let (_no_stop, stop_rx) = watch::channel(None);
 
@@ -601,6 +603,39 @@ async fn an_agent_whose_runner_stops_renewing_is_stopped_by_its_watchdog() {
         stderr.contains("turnpike-agent-init: no heartbeat from the runner in time"),
         "{stderr}"
     );
+    assert!(containers_of(runner_id).await.is_empty());
+}
+
+/// A runner killed while it copied the watchdog out of its image leaves that container behind:
+/// the runner's next start replaces it, and leaves no container of its own.
+#[tokio::test]
+async fn a_watchdog_copy_left_by_a_killed_start_is_replaced() {
+    use bollard::models::ContainerCreateBody;
+    use bollard::query_parameters::CreateContainerOptionsBuilder;
+
+    let server = NatsServer::start();
+    let runner_id = "docker-init-copy";
+    let name = format!("turnpike-{runner_id}-init-copy");
+    let docker = docker().await;
+    docker
+        .create_container(
+            Some(CreateContainerOptionsBuilder::new().name(&name).build()),
+            ContainerCreateBody {
+                image: Some("turnpike-agent-init:latest".to_owned()),
+                entrypoint: Some(vec!["/turnpike-agent-init".to_owned()]),
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("the leftover of a killed start");
+    turnpike_runner::backend::DockerBackend::connect(
+        &docker_config(&server, runner_id),
+        turnpike_core::RunnerId::new(runner_id).expect("runner id"),
+    )
+    .await
+    .expect("the runner starts over the leftover");
+    let left = docker.inspect_container(&name, None).await;
+    assert!(left.is_err(), "the copy container was left: {left:?}");
     assert!(containers_of(runner_id).await.is_empty());
 }
 

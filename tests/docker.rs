@@ -606,39 +606,6 @@ async fn an_agent_whose_runner_stops_renewing_is_stopped_by_its_watchdog() {
     assert!(containers_of(runner_id).await.is_empty());
 }
 
-/// A runner killed while it copied the watchdog out of its image leaves that container behind:
-/// the runner's next start replaces it, and leaves no container of its own.
-#[tokio::test]
-async fn a_watchdog_copy_left_by_a_killed_start_is_replaced() {
-    use bollard::models::ContainerCreateBody;
-    use bollard::query_parameters::CreateContainerOptionsBuilder;
-
-    let server = NatsServer::start();
-    let runner_id = "docker-init-copy";
-    let name = format!("turnpike-{runner_id}-init-copy");
-    let docker = docker().await;
-    docker
-        .create_container(
-            Some(CreateContainerOptionsBuilder::new().name(&name).build()),
-            ContainerCreateBody {
-                image: Some("turnpike-agent-init:latest".to_owned()),
-                entrypoint: Some(vec!["/turnpike-agent-init".to_owned()]),
-                ..Default::default()
-            },
-        )
-        .await
-        .expect("the leftover of a killed start");
-    turnpike_runner::backend::DockerBackend::connect(
-        &docker_config(&server, runner_id),
-        turnpike_core::RunnerId::new(runner_id).expect("runner id"),
-    )
-    .await
-    .expect("the runner starts over the leftover");
-    let left = docker.inspect_container(&name, None).await;
-    assert!(left.is_err(), "the copy container was left: {left:?}");
-    assert!(containers_of(runner_id).await.is_empty());
-}
-
 /// Issue 32: a wait for the container that ends without an exit (the engine restarted, the
 /// socket dropped, a time-out) was taken for one: the engine reports exit code 0 for a
 /// container still running, and the live run was reported clean (a silent turn, its reply

@@ -226,7 +226,7 @@ impl DockerBackend {
         .negotiate_version()
         .await
         .map_err(BackendError::DockerUnreachable)?;
-        let init = load_init(&docker, &config.agent_init_image, &runner).await?;
+        let init = load_init(&docker, &config.agent_init_image).await?;
         Ok(DockerBackend {
             docker,
             container: ContainerSettings::new(config, runner),
@@ -730,14 +730,8 @@ const INIT_IN_IMAGE: &str = "/turnpike-agent-init";
 const INIT_MAX_BYTES: u64 = 16 << 20;
 
 /// Read the watchdog binary out of `image`: a container is created from it (never started),
-/// the file copied out, and the container removed. It is named and labelled after the runner,
-/// so one left by a runner killed meanwhile is replaced at its next start, and found by its
-/// label like the runner's other containers.
-async fn load_init(
-    docker: &Docker,
-    image: &str,
-    runner: &RunnerId,
-) -> Result<bytes::Bytes, BackendError> {
+/// the file copied out, and the container removed.
+async fn load_init(docker: &Docker, image: &str) -> Result<bytes::Bytes, BackendError> {
     let missing = |detail: String| BackendError::InitImage {
         image: image.to_owned(),
         detail,
@@ -746,27 +740,15 @@ async fn load_init(
         image: Some(image.to_owned()),
         // Never run; the engine wants something to run all the same.
         entrypoint: Some(vec![INIT_IN_IMAGE.to_owned()]),
-        labels: Some(HashMap::from([
-            (LABEL_MANAGED.to_owned(), "init-copy".to_owned()),
-            (LABEL_RUNNER.to_owned(), runner.to_string()),
-        ])),
+        labels: Some(HashMap::from([(
+            LABEL_MANAGED.to_owned(),
+            "init-copy".to_owned(),
+        )])),
         ..Default::default()
     };
-    let name = format!("turnpike-{runner}-init-copy");
-    let opts = RemoveContainerOptionsBuilder::new()
-        .force(true)
-        .v(true)
-        .build();
-    if let Err(e) = docker.remove_container(&name, Some(opts)).await {
-        if !is_status(&e, 404) {
-            return Err(missing(format!(
-                "cannot remove {name}, left by an earlier start: {e}"
-            )));
-        }
-    }
     let created = docker
         .create_container(
-            Some(CreateContainerOptionsBuilder::new().name(&name).build()),
+            None::<bollard::query_parameters::CreateContainerOptions>,
             body,
         )
         .await

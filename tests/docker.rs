@@ -606,6 +606,44 @@ async fn an_agent_whose_runner_stops_renewing_is_stopped_by_its_watchdog() {
     assert!(containers_of(runner_id).await.is_empty());
 }
 
+/// The runner reads the watchdog out of its image without making a container of it: a runner
+/// killed during its start, or an engine refusing removals (as here), used to leave one behind.
+#[tokio::test]
+async fn the_watchdog_is_read_without_a_container() {
+    let proxy = turnpike_testkit::DockerProxy::start().await;
+    proxy.refuse_all("DELETE /");
+    let server = NatsServer::start();
+    let runner_id = "docker-init-read";
+    let config = Config {
+        docker_host: Some(proxy.host()),
+        ..docker_config(&server, runner_id)
+    };
+    turnpike_runner::backend::DockerBackend::connect(
+        &config,
+        turnpike_core::RunnerId::new(runner_id).expect("runner id"),
+    )
+    .await
+    .expect("the runner reads the watchdog");
+    let filters = std::collections::HashMap::from([(
+        "ancestor",
+        vec!["turnpike-agent-init:latest".to_owned()],
+    )]);
+    let made = docker()
+        .await
+        .list_containers(Some(
+            bollard::query_parameters::ListContainersOptionsBuilder::new()
+                .all(true)
+                .filters(&filters)
+                .build(),
+        ))
+        .await
+        .expect("list containers");
+    assert!(
+        made.is_empty(),
+        "containers of the watchdog's image: {made:?}"
+    );
+}
+
 /// Issue 32: a wait for the container that ends without an exit (the engine restarted, the
 /// socket dropped, a time-out) was taken for one: the engine reports exit code 0 for a
 /// container still running, and the live run was reported clean (a silent turn, its reply

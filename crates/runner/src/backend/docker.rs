@@ -729,74 +729,56 @@ const INIT_IN_IMAGE: &str = "/turnpike-agent-init";
 /// The watchdog is small (a static binary of a few hundred KiB); anything far larger is not it.
 const INIT_MAX_BYTES: u64 = 16 << 20;
 
-/// Read the watchdog binary out of `image`: a container is created from it (never started),
-/// the file copied out, and the container removed.
+/// Read the watchdog binary out of `image`, by exporting the image (`docker save`): no
+/// container is made, so a runner killed meanwhile, or an engine refusing removals, leaves
+/// nothing behind. The export is a tar of tars (one per layer, as `<id>/layer.tar` or OCI
+/// `blobs/sha256/<digest>`, uncompressed either way); the file is looked for in each layer.
 async fn load_init(docker: &Docker, image: &str) -> Result<bytes::Bytes, BackendError> {
     let missing = |detail: String| BackendError::InitImage {
         image: image.to_owned(),
         detail,
     };
-    let body = ContainerCreateBody {
-        image: Some(image.to_owned()),
-        // Never run; the engine wants something to run all the same.
-        entrypoint: Some(vec![INIT_IN_IMAGE.to_owned()]),
-        labels: Some(HashMap::from([(
-            LABEL_MANAGED.to_owned(),
-            "init-copy".to_owned(),
-        )])),
-        ..Default::default()
-    };
-    let created = docker
-        .create_container(
-            None::<bollard::query_parameters::CreateContainerOptions>,
-            body,
-        )
-        .await
-        .map_err(|e| missing(e.to_string()))?;
-    let opts = bollard::query_parameters::DownloadFromContainerOptionsBuilder::new()
-        .path(INIT_IN_IMAGE)
-        .build();
-    let mut tar = Vec::new();
-    let mut stream = docker.download_from_container(&created.id, Some(opts));
-    let mut read = Ok(());
+    // The image holds the binary and little else; anything far larger is not that image.
+    let limit = INIT_MAX_BYTES * 4;
+    let mut export = Vec::new();
+    let mut stream = docker.export_image(image);
     while let Some(chunk) = stream.next().await {
-        match chunk {
-            Ok(c) if (tar.len() + c.len()) as u64 <= INIT_MAX_BYTES * 2 => {
-                tar.extend_from_slice(&c)
+        let chunk = chunk.map_err(|e| missing(e.to_string()))?;
+        if (export.len() + chunk.len()) as u64 > limit {
+            return Err(missing(format!("the image is larger than {limit} bytes")));
+        }
+        export.extend_from_slice(&chunk);
+    }
+    let wanted = INIT_IN_IMAGE.trim_start_matches('/');
+    let mut outer = tar::Archive::new(&export[..]);
+    let entries = outer.entries().map_err(|e| missing(e.to_string()))?;
+    for entry in entries {
+        let mut entry = entry.map_err(|e| missing(e.to_string()))?;
+        if entry.header().entry_type() != tar::EntryType::Regular || entry.size() == 0 {
+            continue;
+        }
+        let mut layer = Vec::new();
+        std::io::Read::read_to_end(&mut entry, &mut layer).map_err(|e| missing(e.to_string()))?;
+        // Manifests and configs are JSON, not tars: skip whatever does not read as one.
+        let mut files = tar::Archive::new(&layer[..]);
+        let Ok(files) = files.entries() else { continue };
+        for file in files.flatten() {
+            let mut file = file;
+            let is_it = file
+                .path()
+                .is_ok_and(|p| p.to_string_lossy().trim_start_matches("./") == wanted);
+            if !is_it {
+                continue;
             }
-            Ok(_) => {
-                read = Err(format!(
-                    "{INIT_IN_IMAGE} is larger than {INIT_MAX_BYTES} bytes"
-                ));
-                break;
+            let mut init = Vec::new();
+            std::io::Read::read_to_end(&mut file, &mut init).map_err(|e| missing(e.to_string()))?;
+            if !init.starts_with(b"\x7fELF") {
+                return Err(missing(format!("{INIT_IN_IMAGE} is not an executable")));
             }
-            Err(e) => {
-                read = Err(e.to_string());
-                break;
-            }
+            return Ok(bytes::Bytes::from(init));
         }
     }
-    drop(stream);
-    let opts = RemoveContainerOptionsBuilder::new()
-        .force(true)
-        .v(true)
-        .build();
-    if let Err(e) = docker.remove_container(&created.id, Some(opts)).await {
-        warn!(container = %created.id, error = %e, "could not remove the watchdog's copy container");
-    }
-    read.map_err(missing)?;
-    let mut archive = tar::Archive::new(&tar[..]);
-    let mut entries = archive.entries().map_err(|e| missing(e.to_string()))?;
-    let mut entry = entries
-        .next()
-        .ok_or_else(|| missing(format!("{INIT_IN_IMAGE} is not in the image")))?
-        .map_err(|e| missing(e.to_string()))?;
-    let mut init = Vec::new();
-    std::io::Read::read_to_end(&mut entry, &mut init).map_err(|e| missing(e.to_string()))?;
-    if !init.starts_with(b"\x7fELF") {
-        return Err(missing(format!("{INIT_IN_IMAGE} is not an executable")));
-    }
-    Ok(bytes::Bytes::from(init))
+    Err(missing(format!("{INIT_IN_IMAGE} is not in the image")))
 }
 
 /// Write the input document, then a heartbeat each time the watchdog's deadline moves (each

@@ -624,20 +624,7 @@ async fn the_watchdog_is_read_without_a_container() {
     )
     .await
     .expect("the runner reads the watchdog");
-    let filters = std::collections::HashMap::from([(
-        "ancestor",
-        vec!["turnpike-agent-init:latest".to_owned()],
-    )]);
-    let made = docker()
-        .await
-        .list_containers(Some(
-            bollard::query_parameters::ListContainersOptionsBuilder::new()
-                .all(true)
-                .filters(&filters)
-                .build(),
-        ))
-        .await
-        .expect("list containers");
+    let made = containers_where(&docker().await, "ancestor", "turnpike-agent-init:latest").await;
     assert!(
         made.is_empty(),
         "containers of the watchdog's image: {made:?}"

@@ -452,14 +452,17 @@ pub async fn runner_containers(
     docker: &bollard::Docker,
     runner_id: &str,
 ) -> Vec<bollard::models::ContainerSummary> {
-    let filters: std::collections::HashMap<&str, Vec<String>> =
-        std::collections::HashMap::from([(
-            "label",
-            vec![format!(
-                "{}={runner_id}",
-                turnpike_runner::backend::LABEL_RUNNER
-            )],
-        )]);
+    let label = format!("{}={runner_id}", turnpike_runner::backend::LABEL_RUNNER);
+    containers_where(docker, "label", &label).await
+}
+
+/// Containers in any state that match one engine filter (`label`, `ancestor`, ...).
+pub async fn containers_where(
+    docker: &bollard::Docker,
+    filter: &str,
+    value: &str,
+) -> Vec<bollard::models::ContainerSummary> {
+    let filters = std::collections::HashMap::from([(filter, vec![value.to_owned()])]);
     docker
         .list_containers(Some(
             bollard::query_parameters::ListContainersOptionsBuilder::new()

@@ -106,6 +106,11 @@ enum What {
         #[arg(long, default_value_t = 4)]
         runners: usize,
     },
+    /// Rebuild the index at the top of the history page (`all --write` keeps it current).
+    IndexHistory {
+        #[arg(long, default_value = "docs/benchmarks/history.md")]
+        path: std::path::PathBuf,
+    },
     /// The test agent (used by the process backend).
     #[command(hide = true)]
     Agent,
@@ -129,6 +134,12 @@ fn main() -> Result<()> {
     let cli = Cli::parse();
     match cli.what {
         What::Agent => turnpike_test_agent::run(),
+        What::IndexHistory { path } => {
+            let history = std::fs::read_to_string(&path)
+                .with_context(|| format!("read {}", path.display()))?;
+            std::fs::write(&path, report::with_index(&history))
+                .with_context(|| format!("write {}", path.display()))
+        }
         What::Coordinator => {
             let rt = runtime()?;
             rt.block_on(async {

@@ -5,7 +5,7 @@
 use async_nats::jetstream;
 use std::time::Duration;
 use turnpike_config::Config;
-use turnpike_core::lifecycle::TurnState;
+use turnpike_core::record::TurnState;
 use turnpike_core::wire::{Attachment, InboundMessage, OutboundItem, OutboundKind};
 use turnpike_core::{subjects, ChatId, TurnId, FORMAT_VERSION};
 use turnpike_jetstream::Bus;

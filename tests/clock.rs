@@ -3,7 +3,7 @@
 //! as on a coordinator host whose clock is wrong.
 
 use std::time::Duration;
-use turnpike_core::lifecycle::TurnState;
+use turnpike_core::record::TurnState;
 use turnpike_core::wire::ExitClass;
 use turnpike_tests::*;
 

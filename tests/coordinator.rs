@@ -5,7 +5,7 @@
 use futures::StreamExt;
 use std::time::Duration;
 use turnpike_config::Config;
-use turnpike_core::lifecycle::TurnState;
+use turnpike_core::record::TurnState;
 use turnpike_core::subjects;
 use turnpike_core::texts;
 use turnpike_core::wire::{ChatRecord, ExitClass, OutboundItem, OutboundKind};

@@ -2,7 +2,7 @@
 //! attachments (again on a retry), live progress, refused input.
 
 use std::time::Duration;
-use turnpike_core::lifecycle::TurnState;
+use turnpike_core::record::TurnState;
 use turnpike_core::wire::{OutboundKind, Role};
 use turnpike_tests::*;
 

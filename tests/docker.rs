@@ -6,7 +6,7 @@
 use bollard::Docker;
 use std::time::{Duration, Instant};
 use turnpike_config::{Backend, ByteSize, Config};
-use turnpike_core::lifecycle::TurnState;
+use turnpike_core::record::TurnState;
 use turnpike_core::texts;
 use turnpike_core::wire::{ExitClass, OutboundKind};
 use turnpike_jetstream::Bus;

@@ -11,7 +11,7 @@
 use futures::StreamExt;
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
-use turnpike_core::lifecycle::TurnState;
+use turnpike_core::record::TurnState;
 use turnpike_core::wire::{Attachment, ExitClass, OutboundKind, RunnerEvent, RunnerEventKind};
 use turnpike_core::{subjects, ChatId, RunnerId, TurnId, TurnRecord, FORMAT_VERSION};
 use turnpike_store::turns;

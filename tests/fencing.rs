@@ -4,7 +4,7 @@
 //! is refused by the server and never lands.
 
 use std::time::Duration;
-use turnpike_core::lifecycle::TurnState;
+use turnpike_core::record::TurnState;
 use turnpike_core::wire::{ExitClass, OutboundKind};
 use turnpike_jetstream::Bus;
 use turnpike_tests::*;

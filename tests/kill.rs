@@ -4,7 +4,7 @@
 
 use futures::StreamExt;
 use std::time::Duration;
-use turnpike_core::lifecycle::TurnState;
+use turnpike_core::record::TurnState;
 use turnpike_core::subjects;
 use turnpike_core::wire::{ExitClass, OutboundKind};
 use turnpike_core::TurnId;

@@ -8,6 +8,7 @@ use turnpike_config::Config;
 use turnpike_core::wire::{InboundMessage, OutboundItem};
 use turnpike_core::{subjects, ChatId, TurnId, TurnRecord};
 use turnpike_jetstream::{decode, Bus};
+use turnpike_store::outbox;
 use turnpike_store::turns;
 use turnpike_testkit::{eventually, NatsServer};
 
@@ -343,7 +344,7 @@ pub async fn wait_ended(bus: &Bus, turn: &TurnId, timeout: Duration) -> TurnReco
             // Its effects are carried out once it has left the live index.
             Ok(Some(v))
                 if v.record.state.is_terminal()
-                    && matches!(turns::is_listed(bus, turn).await, Ok(false)) =>
+                    && matches!(outbox::is_listed(bus, turn).await, Ok(false)) =>
             {
                 Some(v.record)
             }

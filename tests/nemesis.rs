@@ -17,6 +17,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use turnpike_core::{subjects, TurnId, TurnRecord};
+use turnpike_store::outbox;
 use turnpike_store::turns;
 use turnpike_tests::cluster::*;
 use turnpike_tests::init_logs;
@@ -356,7 +357,7 @@ async fn nemesis() {
     let records = wait_all_ended(&c.bus, &ids, settle).await;
     let mut listed = Vec::new();
     for t in &ids {
-        if matches!(turns::is_listed(&c.bus, t).await, Ok(true)) {
+        if matches!(outbox::is_listed(&c.bus, t).await, Ok(true)) {
             listed.push(t.clone());
         }
     }

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 use turnpike_config::ByteSize;
-use turnpike_core::lifecycle::TurnState;
+use turnpike_core::record::TurnState;
 use turnpike_core::wire::ExitClass;
 use turnpike_jetstream::Bus;
 use turnpike_testkit::NatsServer;

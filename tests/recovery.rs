@@ -2,7 +2,7 @@
 
 use futures::StreamExt;
 use std::time::Duration;
-use turnpike_core::lifecycle::TurnState;
+use turnpike_core::record::TurnState;
 use turnpike_core::subjects;
 use turnpike_core::wire::ExitClass;
 use turnpike_core::{ChatId, TurnId};

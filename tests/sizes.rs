@@ -5,8 +5,8 @@
 //! message, with a notice: never an endless retry.
 
 use std::time::Duration;
-use turnpike_core::lifecycle::TurnState;
 use turnpike_core::record::OutcomeReason;
+use turnpike_core::record::TurnState;
 use turnpike_core::sizes;
 use turnpike_core::wire::{Attachment, ChatErrorCause, OutboundKind};
 use turnpike_core::{texts, TurnId};

@@ -2,7 +2,7 @@
 //! runner (process backend, test agent) → reply on the chat's outbound subject → `done`.
 
 use std::time::Duration;
-use turnpike_core::lifecycle::{OutcomeReason, TurnState};
+use turnpike_core::record::{OutcomeReason, TurnState};
 use turnpike_core::texts;
 use turnpike_core::wire::{ExitClass, OutboundKind};
 use turnpike_tests::*;

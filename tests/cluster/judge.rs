@@ -3,6 +3,7 @@
 //! wrong outcome), with the suite's summary.
 
 use super::*;
+use turnpike_store::outbox;
 
 /// Publish an inbound message until JetStream acknowledges it (a node may be down), trying for up
 /// to `secs`; the same message id each time, so a retry is never a second message.
@@ -44,7 +45,7 @@ pub async fn wait_all_ended(
             let record = turns::load(bus, t).await.ok().flatten().map(|v| v.record);
             // Its effects are carried out once it has left the live index.
             done &= record.as_ref().is_some_and(|r| r.state.is_terminal())
-                && matches!(turns::is_listed(bus, t).await, Ok(false));
+                && matches!(outbox::is_listed(bus, t).await, Ok(false));
             out.push(record);
         }
         if done || Instant::now() >= deadline {

@@ -45,11 +45,11 @@ async fn replaying_an_outbox_after_a_crash_sends_one_notice_and_one_attempt() {
         .expect("create");
     // Attempt 1 dispatched twice (a crash before the outbox was cleared, then a replay).
     for e in created.record.outbox.clone() {
-        turnpike_store::turns::execute(&bus, &created.record, &e)
+        turnpike_store::outbox::execute(&bus, &created.record, &e)
             .await
             .expect("effect");
     }
-    turnpike_store::turns::run_outbox(&bus, created)
+    turnpike_store::outbox::run_outbox(&bus, created)
         .await
         .expect("outbox");
     let work = bus
@@ -88,11 +88,11 @@ async fn replaying_an_outbox_after_a_crash_sends_one_notice_and_one_attempt() {
         .iter()
         .any(|e| matches!(e, Effect::Notify { .. })));
     for e in current.record.outbox.clone() {
-        turnpike_store::turns::execute(&bus, &current.record, &e)
+        turnpike_store::outbox::execute(&bus, &current.record, &e)
             .await
             .expect("effect");
     }
-    turnpike_store::turns::run_outbox(&bus, current)
+    turnpike_store::outbox::run_outbox(&bus, current)
         .await
         .expect("outbox");
     let notices: Vec<_> = visible_items(&bus, "c9")
@@ -268,7 +268,7 @@ async fn a_turn_killed_before_it_joined_does_not_hold_its_chat_after_a_replay() 
     let applied = turnpike_store::turns::apply_event(&bus, &turn, &operator_kill())
         .await
         .expect("kill");
-    turnpike_store::turns::run_outbox(&bus, applied.current().clone())
+    turnpike_store::outbox::run_outbox(&bus, applied.current().clone())
         .await
         .expect("outbox");
     // ...the dispatcher joins it and dies before admitting it...
@@ -276,7 +276,7 @@ async fn a_turn_killed_before_it_joined_does_not_hold_its_chat_after_a_replay() 
         .await
         .expect("join");
     // ...and the message comes back.
-    turnpike_store::turns::create_in_chat(&bus, record, Some(1), None)
+    turnpike_store::admission::create_in_chat(&bus, record, Some(1), None)
         .await
         .expect("replay");
     let c = chat_record(&bus, "c10").await;
@@ -295,7 +295,7 @@ async fn an_ended_turn_stays_listed_until_its_outbox_is_carried_out() {
     let bus = Bus::connect(&config, "test").await.expect("bus");
     let (record, _) = new_turn("c11", false);
     let turn = record.turn.clone();
-    turnpike_store::turns::create_in_chat(&bus, record, Some(1), None)
+    turnpike_store::admission::create_in_chat(&bus, record, Some(1), None)
         .await
         .expect("create");
     let applied = turnpike_store::turns::apply_event(&bus, &turn, &operator_kill())
@@ -303,7 +303,7 @@ async fn an_ended_turn_stays_listed_until_its_outbox_is_carried_out() {
         .expect("kill");
     let current = applied.current().clone();
     for e in &current.record.outbox {
-        turnpike_store::turns::execute(&bus, &current.record, e)
+        turnpike_store::outbox::execute(&bus, &current.record, e)
             .await
             .expect("effect");
     }
@@ -315,7 +315,7 @@ async fn an_ended_turn_stays_listed_until_its_outbox_is_carried_out() {
             .is_some_and(|v| !v.is_empty())
     };
     assert!(listed().await, "unlisted with its outbox not carried out");
-    turnpike_store::turns::run_outbox(&bus, current)
+    turnpike_store::outbox::run_outbox(&bus, current)
         .await
         .expect("outbox");
     assert!(!listed().await, "still listed once ended and carried out");
@@ -362,7 +362,7 @@ async fn an_ended_turns_effects_are_not_carried_out_again_after_it_left_the_live
     let (record, _) = new_turn("c13", false);
     let turn = record.turn.clone();
     let exit = give_up(&bus, &record).await;
-    assert!(!turnpike_store::turns::is_listed(&bus, &turn)
+    assert!(!turnpike_store::outbox::is_listed(&bus, &turn)
         .await
         .expect("live"));
     shorten_duplicate_window(&bus, subjects::STREAM_CHAT_OUT, Duration::from_millis(200)).await;
@@ -376,14 +376,14 @@ async fn an_ended_turns_effects_are_not_carried_out_again_after_it_left_the_live
         again,
         turnpike_store::turns::Applied::Unchanged(..)
     ));
-    turnpike_store::turns::run_owed(&bus, again)
+    turnpike_store::outbox::run_owed(&bus, again)
         .await
         .expect("nothing owed");
     // Its inbound message, delivered again, then a sweep.
-    turnpike_store::turns::create_in_chat(&bus, record, Some(1), None)
+    turnpike_store::admission::create_in_chat(&bus, record, Some(1), None)
         .await
         .expect("replay");
-    assert!(!turnpike_store::turns::is_listed(&bus, &turn)
+    assert!(!turnpike_store::outbox::is_listed(&bus, &turn)
         .await
         .expect("live"));
     let mut sweep_config = config.clone();
@@ -415,14 +415,14 @@ async fn give_up(bus: &Bus, record: &turnpike_core::TurnRecord) -> turnpike_core
             turnpike_jetstream::now(),
         ),
     };
-    turnpike_store::turns::create_in_chat(bus, record.clone(), Some(1), None)
+    turnpike_store::admission::create_in_chat(bus, record.clone(), Some(1), None)
         .await
         .expect("create");
     let applied = turnpike_store::turns::apply_event(bus, &record.turn, &exit)
         .await
         .expect("apply");
     assert_eq!(applied.current().record.state, TurnState::GaveUp);
-    turnpike_store::turns::run_owed(bus, applied)
+    turnpike_store::outbox::run_owed(bus, applied)
         .await
         .expect("effects");
     exit
@@ -481,7 +481,7 @@ async fn the_sweep_dispatches_a_queued_turns_lost_attempt_once_and_a_waiting_one
     let (waiting, _) = new_turn("c14", false);
     let (lost, _) = new_turn("c15", false);
     for record in [waiting.clone(), lost.clone()] {
-        turnpike_store::turns::create_in_chat(&bus, record, Some(1), None)
+        turnpike_store::admission::create_in_chat(&bus, record, Some(1), None)
             .await
             .expect("create");
     }

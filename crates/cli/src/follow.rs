@@ -4,7 +4,7 @@ use anyhow::{Context, Result};
 use futures::StreamExt;
 use std::io::Write;
 use std::time::Duration;
-use turnpike_core::lifecycle::TurnState;
+use turnpike_core::record::TurnState;
 use turnpike_core::wire::{Attachment, ChatRecord, InboundMessage, OutboundItem, OutboundKind};
 use turnpike_core::{subjects, ChatId, TurnId, TurnRecord};
 use turnpike_jetstream::{decode, decode_kv, Bus};

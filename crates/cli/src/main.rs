@@ -418,11 +418,11 @@ async fn run(command: Command, config: Config, json: bool) -> Result<std::proces
         }
         Command::Runners => {
             let bus = Bus::connect(&config, "turnpike-cli").await?;
-            operator::runners_cmd(&bus, json).await
+            operator::cluster::runners_cmd(&bus, json).await
         }
         Command::Status => {
             let bus = Bus::connect(&config, "turnpike-cli").await?;
-            operator::status_cmd(&bus, json).await
+            operator::cluster::status_cmd(&bus, json).await
         }
         Command::NatsAccounts { template } => {
             use std::io::Read;
@@ -469,7 +469,7 @@ async fn run(command: Command, config: Config, json: bool) -> Result<std::proces
         }
         Command::Watch { chat, limit } => {
             let bus = Bus::connect(&config, "turnpike-cli").await?;
-            operator::watch_cmd(&bus, chat, json, limit).await
+            operator::cluster::watch_cmd(&bus, chat, json, limit).await
         }
         Command::TestAgent => turnpike_test_agent::run(),
     }

@@ -48,7 +48,7 @@ impl fmt::Display for Backend {
 }
 
 /// The payload codec: core's, so config and the wire can never disagree on the names.
-pub use turnpike_core::codec::Codec as PayloadCodec;
+use turnpike_core::codec::Codec;
 
 /// Every setting, with its default. Each field's doc comment is its documentation
 /// (`docs/configuration.md` is generated from them), so every field has one.
@@ -86,7 +86,7 @@ pub struct Config {
     /// least-privilege credentials set it to false and wait for `turnpike setup` to do it.
     pub manage_topology: bool,
     /// Codec for payloads Turnpike writes: `json` or `msgpack` (readers accept both).
-    pub codec: PayloadCodec,
+    pub codec: Codec,
 
     // --- Retries ------------------------------------------------------------------------------
     /// Attempts a turn may get, the first included; **0 and 1 both mean one attempt, no
@@ -272,7 +272,7 @@ impl Default for Config {
             nats_tls_key: None,
             replicas: 1,
             manage_topology: true,
-            codec: PayloadCodec::Json,
+            codec: Codec::Json,
             max_payload: ByteSize(turnpike_core::sizes::NATS_DEFAULT_MAX_PAYLOAD as u64),
             max_turn_retry: 3,
             retry_delay: Duration::from_secs(10),

@@ -4,7 +4,8 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
-use turnpike_core::lifecycle::{Effect, NoticeKind, TurnState};
+use turnpike_core::lifecycle::Effect;
+use turnpike_core::record::{NoticeKind, TurnState};
 use turnpike_core::wire::HourCounts;
 
 /// What `HourWindow` counts, by index.
@@ -95,7 +96,7 @@ pub struct Counters {
     pub queued_long: AtomicU64,
     pub events_applied: AtomicU64,
     pub events_unchanged: AtomicU64,
-    pub timings: crate::metrics::Timings,
+    pub timings: crate::timings::Timings,
     pub hour: HourWindow,
 }
 

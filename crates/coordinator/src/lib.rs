@@ -16,6 +16,7 @@ use turnpike_core::subjects;
 use turnpike_core::wire::{ClaimHolder, RunnerEvent, RunnerEventKind};
 use turnpike_core::{RunnerId, TurnId};
 use turnpike_jetstream::{decode, Bus, BusError};
+use turnpike_store::outbox;
 use turnpike_store::turns::{self, Applied, ApplyError};
 
 /// Events handled at once by one coordinator (one turn's go in its batches, one batch at a time;
@@ -27,6 +28,7 @@ pub mod counters;
 pub mod ops;
 mod recent;
 pub mod sweep;
+pub mod timings;
 
 pub mod metrics;
 pub use counters::{Counters, CountersSnapshot};
@@ -310,7 +312,7 @@ async fn lead(
 /// (dead-lettered) once the turn has ended, or tried again if ending it failed for now.
 async fn abandoned(bus: &Bus, turn: &TurnId, error: &ApplyError) -> Verdict {
     let reason = error.to_string();
-    match turns::abandon(bus, turn, &reason).await {
+    match outbox::abandon(bus, turn, &reason).await {
         Ok(_) => Verdict::Refuse(reason),
         Err(e) if e.is_transient() => Verdict::Later(e.to_string()),
         Err(e) => {
@@ -443,7 +445,7 @@ async fn write(shared: &Shared, turn: &TurnId, batch: Vec<Queued>) {
                 }
                 Applied::Unchanged(why, _) => debug!(?why, "events changed nothing"),
             }
-            match turns::run_owed(bus, done).await {
+            match outbox::run_owed(bus, done).await {
                 Ok(after) => {
                     shared.recent.remember(after);
                     Verdict::Ack

@@ -17,6 +17,8 @@ use turnpike_core::subjects;
 use turnpike_core::wire::{OperatorAction, OpsReply, OpsRequest, OpsStats};
 use turnpike_core::{TurnId, FORMAT_VERSION};
 use turnpike_jetstream::{decode, now, Bus, BusError};
+use turnpike_store::admission;
+use turnpike_store::outbox;
 use turnpike_store::turns::{self, Applied, ApplyError};
 
 fn reply(
@@ -181,7 +183,7 @@ async fn kill(
             Some(current.record.state.to_string()),
         ),
     };
-    turns::run_owed(bus, applied).await?;
+    outbox::run_owed(bus, applied).await?;
     Ok(out)
 }
 
@@ -227,7 +229,7 @@ async fn rerun(
         );
         record.rerun_request = request.map(str::to_owned);
         // Takes its place in the chat's order like any new message.
-        let (existing, created) = turns::create_in_chat(bus, record, None, None).await?;
+        let (existing, created) = admission::create_in_chat(bus, record, None, None).await?;
         if !created {
             if request.is_some() && existing.record.rerun_request.as_deref() == request {
                 return Ok(reply(

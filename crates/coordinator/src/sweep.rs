@@ -15,7 +15,8 @@ use std::time::{Duration, Instant, SystemTime};
 use tracing::{debug, info, warn};
 use turnpike_config::Config;
 use turnpike_core::fence::FenceWriter;
-use turnpike_core::lifecycle::{Effect, Event, TurnState};
+use turnpike_core::lifecycle::{Effect, Event};
+use turnpike_core::record::TurnState;
 use turnpike_core::recovery;
 use turnpike_core::subjects;
 use turnpike_core::wire::{ExitReport, RunnerEvent, RunnerEventKind, WorkItem};
@@ -23,6 +24,7 @@ use turnpike_core::{RunnerId, TurnId, TurnRecord};
 use turnpike_jetstream::{decode, now, Bus, BusError};
 use turnpike_store::claims::Lease;
 use turnpike_store::fence::{self, Losing};
+use turnpike_store::outbox;
 use turnpike_store::turns::{self, ApplyError};
 
 /// What one sweep found; logged, and counted by operators' tools.
@@ -139,7 +141,7 @@ pub async fn sweep_listed(
             Ok(()) => {}
             // What the turn needs can never be stored or counted: it ends, failed.
             Err(e) if e.ends_the_turn() => {
-                if let Err(e) = turns::abandon(bus, &turn, &e.to_string()).await {
+                if let Err(e) = outbox::abandon(bus, &turn, &e.to_string()).await {
                     warn!(turn_id = %turn, error = %e, "could not end the turn; next sweep retries");
                 }
             }
@@ -163,7 +165,7 @@ async fn sweep_turn(
         // The dispatcher indexes a turn just before creating it: only an old entry is stale.
         if let Ok(Some(entry)) = bus.live.entry(turn.as_str()).await {
             if age(entry.created) > config.lease {
-                let _ = turns::unlist_live(bus, turn).await;
+                let _ = outbox::unlist_live(bus, turn).await;
                 report.cleaned += 1;
             }
         }
@@ -178,7 +180,7 @@ async fn sweep_turn(
         // for the turn's next event.
         let mut owed = current.clone();
         owed.record.outbox = leftovers;
-        turns::run_outbox(bus, owed).await?;
+        outbox::run_outbox(bus, owed).await?;
     }
     match plan {
         recovery::Plan::Finish => {
@@ -186,10 +188,10 @@ async fn sweep_turn(
             // Only if it is still listed *now*: the pass's listing may be older than the
             // duplicate window, and a turn whose effects were carried out meanwhile (and that
             // left the index) must not send its notice again.
-            if !turns::is_listed(bus, turn).await? {
+            if !outbox::is_listed(bus, turn).await? {
                 return Ok(());
             }
-            turns::run_outbox(bus, current.clone()).await?;
+            outbox::run_outbox(bus, current.clone()).await?;
             report.cleaned += 1;
         }
         recovery::Plan::CheckAttempt { .. } => {
@@ -302,7 +304,7 @@ async fn check_attempt_alive(
         counters.runner_lost();
         counters.effects(effects);
     }
-    turns::run_owed(bus, applied).await?;
+    outbox::run_owed(bus, applied).await?;
     report.runner_lost += 1;
     Ok(())
 }
@@ -384,7 +386,7 @@ async fn check_dispatched(
     // Owed and nowhere. Attempt 1 goes under its dedup id (a publish that raced this read is
     // not doubled); a retry for its recorded due time.
     warn!(turn_id = %turn, attempt = k, due = ?record.next_attempt_due, "owed attempt was not dispatched; dispatching it");
-    turns::execute(
+    outbox::execute(
         bus,
         record,
         &Effect::DispatchAttempt {

@@ -3,9 +3,10 @@
 //! Data only; [`crate::lifecycle`] decides how it changes.
 
 use crate::ids::{ChatId, RunnerId, TurnId};
-use crate::lifecycle::Effect;
 use crate::time::{duration_ms, Timestamp};
-use crate::wire::{ExitReport, HistoryEntry, InboundMessage, OperatorAction, WorkItem};
+use crate::wire::{
+    ChatErrorCause, ExitReport, HistoryEntry, InboundMessage, OperatorAction, WorkItem,
+};
 use crate::FORMAT_VERSION;
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
@@ -258,6 +259,12 @@ pub struct TurnRecord {
     pub outbox: Vec<Effect>,
 }
 
+impl crate::wire::Versioned for TurnRecord {
+    fn version(&self) -> u16 {
+        self.v
+    }
+}
+
 fn v1() -> u16 {
     FORMAT_VERSION
 }
@@ -322,6 +329,37 @@ impl TurnRecord {
             history: self.history.clone(),
         }
     }
+}
+
+/// What the state machine asks a shell to do. Every effect is idempotent (dedup ids derived from
+/// turn and attempt), so carrying one out twice is harmless.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Effect {
+    /// Publish the work item of `attempt`, now (`not_before` none) or scheduled at `not_before`.
+    DispatchAttempt {
+        attempt: u32,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        not_before: Option<Timestamp>,
+    },
+    /// Send one notice to the chat.
+    Notify {
+        kind: NoticeKind,
+        text: String,
+        attempt: u32,
+    },
+    /// Flag the chat errored for operators.
+    FlagChatErrored {
+        reason: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        cause: Option<ChatErrorCause>,
+    },
+    /// Tell the runner of `attempt` to kill its container.
+    ForwardKill { attempt: u32 },
+    /// Make sure `attempt` never runs: cancel its schedule and take its claim.
+    CancelAttempt { attempt: u32 },
+    /// The turn reached a terminal state: drop it from the live index, let the chat's next turn go.
+    Ended { state: TurnState },
 }
 
 #[cfg(test)]

@@ -5,10 +5,9 @@
 
 pub mod auth;
 mod changes;
+pub mod html;
 pub mod metrics;
-pub mod pages;
 pub mod read;
-mod sessions;
 mod web;
 
 use std::path::PathBuf;
@@ -129,7 +128,7 @@ impl Dashboard {
     ) -> Result<(), DashboardError> {
         let changes = changes::spawn(self.state.bus.clone(), shutdown.clone());
         self.state.set_changes(changes, shutdown.clone());
-        tokio::spawn(sessions::follow(self.state.clone(), shutdown.clone()));
+        tokio::spawn(web::sessions::follow(self.state.clone(), shutdown.clone()));
         let app = web::router(self.state.clone());
         if let Ok(addr) = listener.local_addr() {
             tracing::info!(%addr, "dashboard listening");

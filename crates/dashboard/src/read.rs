@@ -235,9 +235,9 @@ pub async fn recent_turn_ids(
         .collect())
 }
 
-pub use turnpike_core::wire::CountersSnapshot as Counters;
+use turnpike_core::wire::CountersSnapshot;
 
-fn add(total: &mut Counters, o: &Counters) {
+fn add(total: &mut CountersSnapshot, o: &CountersSnapshot) {
     total.turns_done += o.turns_done;
     total.turns_failed += o.turns_failed;
     total.turns_gave_up += o.turns_gave_up;
@@ -272,7 +272,7 @@ struct ServiceStats {
 #[derive(Deserialize)]
 struct EndpointStats {
     #[serde(default)]
-    data: Option<Counters>,
+    data: Option<CountersSnapshot>,
 }
 
 /// Every coordinator's counters, summed, and how many coordinators answered. Collects answers
@@ -280,7 +280,7 @@ struct EndpointStats {
 pub async fn coordinator_counters(
     bus: &Bus,
     quiet: Duration,
-) -> Result<(Counters, usize), DashboardError> {
+) -> Result<(CountersSnapshot, usize), DashboardError> {
     let inbox = bus.client.new_inbox();
     let mut sub = bus
         .client
@@ -295,7 +295,7 @@ pub async fn coordinator_counters(
         )
         .await
         .map_err(|e| kv_err("the coordinators' stats", e))?;
-    let mut total = Counters::default();
+    let mut total = CountersSnapshot::default();
     let mut seen = std::collections::HashSet::new();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
     loop {
@@ -319,7 +319,7 @@ pub async fn coordinator_counters(
 
 /// What the overview shows: counters summed over the coordinators, live turns by state, the
 /// work queue, capacity and errored chats.
-pub async fn overview(bus: &Bus) -> Result<crate::pages::Overview, DashboardError> {
+pub async fn overview(bus: &Bus) -> Result<crate::html::Overview, DashboardError> {
     let (counters, coordinators) = coordinator_counters(bus, Duration::from_millis(50)).await?;
     let records = turns(bus, &live_ids(bus).await?).await?;
     let mut by_state: BTreeMap<&'static str, (turnpike_core::TurnState, u64)> = BTreeMap::new();
@@ -332,7 +332,7 @@ pub async fn overview(bus: &Bus) -> Result<crate::pages::Overview, DashboardErro
         .iter()
         .filter(|c| c.errored.is_some())
         .count();
-    Ok(crate::pages::Overview {
+    Ok(crate::html::Overview {
         counters,
         coordinators,
         live: by_state.into_values().collect(),

@@ -15,6 +15,8 @@ use turnpike_core::lifecycle::{self, NewTurn};
 use turnpike_core::wire::InboundMessage;
 use turnpike_core::{subjects, ChatId, TurnId};
 use turnpike_jetstream::{dead_letter, decode, now, Bus, BusError};
+use turnpike_store::admission;
+use turnpike_store::outbox;
 use turnpike_store::turns::{self, ApplyError};
 
 pub struct Dispatcher {
@@ -276,9 +278,9 @@ impl Dispatcher {
     ) {
         let reason = error.to_string();
         let ended = match turns::load(&self.bus, turn).await {
-            Ok(Some(_)) => turns::abandon(&self.bus, turn, &reason).await.map(|_| ()),
+            Ok(Some(_)) => outbox::abandon(&self.bus, turn, &reason).await.map(|_| ()),
             Ok(None) => match self.notify_refused(turn, inbound, &reason).await {
-                Ok(()) => turns::withdraw(&self.bus, &self.new_record(turn, inbound)).await,
+                Ok(()) => admission::withdraw(&self.bus, &self.new_record(turn, inbound)).await,
                 Err(e) => Err(e),
             },
             Err(e) => Err(e),
@@ -334,7 +336,8 @@ impl Dispatcher {
         // Created waiting; it starts when it is its chat's turn (at once if the chat is idle),
         // with the chat's history as it is then.
         let record = self.new_record(&turn, &inbound);
-        let (current, created) = turns::create_in_chat(&self.bus, record, seq, chat_read).await?;
+        let (current, created) =
+            admission::create_in_chat(&self.bus, record, seq, chat_read).await?;
         if created {
             info!(max_attempts = current.record.max_attempts, "turn created");
             self.counters

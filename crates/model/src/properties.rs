@@ -5,7 +5,7 @@
 use crate::world::*;
 use crate::Protocol;
 use stateright::Property;
-use turnpike_core::lifecycle::OutcomeReason;
+use turnpike_core::record::OutcomeReason;
 
 pub const ONE_LIVE_AGENT: &str = "never two live agents of one turn";
 pub const NO_STRAY_OUTPUT: &str =

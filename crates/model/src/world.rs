@@ -6,7 +6,8 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use turnpike_core::fence::{FenceHolder, FenceMarker, Last};
-use turnpike_core::lifecycle::{Effect, NoticeKind, TurnState};
+use turnpike_core::lifecycle::Effect;
+use turnpike_core::record::{NoticeKind, TurnState};
 use turnpike_core::wire::{ChatRecord, ExitClass, HistoryEntry};
 use turnpike_core::TurnRecord;
 

@@ -11,7 +11,6 @@ use turnpike_config::Config;
 use turnpike_core::wire::WorkItem;
 use turnpike_jetstream::Bus;
 
-use crate::backend::sanitize_attachment_name;
 use crate::scratch::AttemptDir;
 
 /// One attachment on disk.
@@ -145,6 +144,21 @@ async fn copy_bounded(
     Ok(len)
 }
 
+/// An attachment name safe to use as one path component: no separators, no `..`, no NUL.
+pub fn sanitize_attachment_name(name: &str) -> String {
+    let base = name.rsplit(['/', '\\']).next().unwrap_or("");
+    let cleaned: String = base
+        .chars()
+        .map(|c| if c.is_control() || c == ':' { '_' } else { c })
+        .collect();
+    let cleaned = cleaned.trim_matches('.').trim();
+    if cleaned.is_empty() {
+        "attachment".to_owned()
+    } else {
+        cleaned.chars().take(200).collect()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -160,5 +174,16 @@ mod tests {
         let over = dir.path().join("over");
         let n = copy_bounded(&data[..], &over, 199_999).await;
         assert!(matches!(n, Err(Copy::TooLong(199_999))));
+    }
+
+    #[test]
+    fn attachment_names_cannot_escape() {
+        let s = sanitize_attachment_name;
+        assert_eq!(s("report.pdf"), "report.pdf");
+        assert_eq!(s("../../etc/passwd"), "passwd");
+        assert_eq!(s("..\\..\\x.txt"), "x.txt");
+        assert_eq!(s(".."), "attachment");
+        assert_eq!(s("a\0b"), "a_b");
+        assert_eq!(s(""), "attachment");
     }
 }

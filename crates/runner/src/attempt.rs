@@ -3,13 +3,13 @@
 //! it ended, and report that (`events`).
 
 use crate::backend::{Output, RunSpec};
-use crate::classify::{classify, StopReason};
 use crate::events::{emit, report_exit};
 use crate::Inner;
 use std::sync::Arc;
 use std::time::SystemTime;
 use tokio::sync::{mpsc, watch};
 use tracing::{debug, info, warn, Instrument};
+use turnpike_core::exit::{classify, StopReason};
 use turnpike_core::wire::{AttemptStart, ExitReport, RunnerEventKind, WorkItem};
 use turnpike_core::Timestamp;
 use turnpike_jetstream::{decode, now};
@@ -122,7 +122,7 @@ impl<E: std::fmt::Display> GaveUp<E> {
         let reason = format!("{what}: {}", self.error);
         let class = match self.stopped {
             Some(why) => classify(
-                &crate::classify::RawExit {
+                &turnpike_core::exit::RawExit {
                     stopped_by: Some(why),
                     ..Default::default()
                 },
@@ -308,7 +308,7 @@ async fn run_fenced(
     let landing = lander.finish(&stop_tx).await;
     let raw = match run.await {
         Ok(raw) => raw,
-        Err(e) => crate::classify::RawExit {
+        Err(e) => turnpike_core::exit::RawExit {
             engine_error: Some(format!("backend task failed: {e}")),
             ..Default::default()
         },

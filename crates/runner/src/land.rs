@@ -2,13 +2,13 @@
 //! the chat's outbound subject only while the turn's fence is this attempt's, status updates,
 //! and the agent's own verdict.
 
-use crate::classify::StopReason;
 use crate::events::emit;
 use crate::lines::{Line, LineSplitter, MAX_LINE};
 use crate::Inner;
 use async_nats::jetstream::publish::PublishAck;
 use tokio::sync::watch;
 use tracing::{debug, warn};
+use turnpike_core::exit::StopReason;
 use turnpike_core::subjects::{self, msg_id};
 use turnpike_core::wire::{
     AgentLine, AgentStatus, Landed, OutboundItem, OutboundKind, RunnerEventKind, WorkItem,

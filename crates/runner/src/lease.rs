@@ -3,13 +3,13 @@
 //! cannot renew for longer than the lease allows stops its own run first, so a runner cut off from
 //! NATS never keeps a zombie attempt going after the coordinator may have declared it lost.
 
-use crate::classify::StopReason;
 use crate::Inner;
 use bytes::Bytes;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
 use tracing::warn;
+use turnpike_core::exit::StopReason;
 use turnpike_core::{subjects, TurnId};
 use turnpike_jetstream::BusError;
 use turnpike_store::claims;

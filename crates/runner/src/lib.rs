@@ -10,7 +10,6 @@ mod events;
 mod kills;
 mod land;
 /// How a run ended: the rules live in core, shared with the protocol model.
-pub use turnpike_core::exit as classify;
 mod lease;
 pub mod lines;
 mod reaper;

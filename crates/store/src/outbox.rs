@@ -7,7 +7,9 @@
 //! its attempt began), and an ended turn's outbox stays as it is, its removal from the live
 //! index saying its effects were carried out (the sweep reads only listed turns).
 
-use crate::turns::{apply_event_from, Applied, ApplyError, Versioned};
+use crate::turns::{
+    apply_event, apply_event_from, compact, encode, Applied, ApplyError, Versioned,
+};
 use bytes::Bytes;
 use tracing::{debug, warn};
 use turnpike_core::lifecycle::{Effect, Event, Unchanged};
@@ -31,7 +33,7 @@ pub async fn run_outbox(bus: &Bus, current: Versioned) -> Result<Versioned, Appl
             Carried::Done(released) => next.extend(released.map(|n| *n)),
             Carried::Abandon(reason) => {
                 admit_chain(bus, next).await?;
-                return Box::pin(crate::turns::abandon(bus, &current.record.turn, &reason)).await;
+                return Box::pin(abandon(bus, &current.record.turn, &reason)).await;
             }
         }
     }
@@ -114,7 +116,7 @@ async fn admit_chain(bus: &Bus, mut work: Vec<NextTurn>) -> Result<(), BusError>
                 Carried::Done(released) => work.extend(released.map(|n| *n)),
                 Carried::Abandon(reason) => {
                     let turn = &admitted.record.turn;
-                    match Box::pin(crate::turns::abandon(bus, turn, &reason)).await {
+                    match Box::pin(abandon(bus, turn, &reason)).await {
                         Ok(_) => {}
                         Err(ApplyError::Bus(e)) => return Err(e),
                         Err(e) => warn!(turn_id = %turn, error = %e, "could not end the turn"),
@@ -360,4 +362,37 @@ pub async fn unlist_live(bus: &Bus, turn: &TurnId) -> Result<(), BusError> {
         .purge_with_ttl(turn.as_str(), LIVE_MARKER_TTL)
         .await
         .map_err(|e| BusError::kv(format!("drop {turn} from live index"), e))
+}
+
+/// End a turn that cannot go on because a step failed in a way no retry changes (a payload
+/// NATS refuses, a queue that is full): [`Event::Abandoned`] (failed, the plain notice, the chat
+/// flagged, the reason kept), and its effects carried out. If the record itself no longer fits
+/// what NATS accepts, it is first stored [compacted](TurnRecord::compacted). A turn already
+/// ended is left as it is.
+pub async fn abandon(bus: &Bus, turn: &TurnId, reason: &str) -> Result<Versioned, ApplyError> {
+    tracing::warn!(turn_id = %turn, reason = %turnpike_core::sizes::quote(reason), "ending the turn: a step failed for good");
+    let event = Event::Abandoned {
+        reason: reason.to_owned(),
+    };
+    let applied = match apply_event(bus, turn, &event).await {
+        Err(ApplyError::Bus(e)) if !e.is_transient() => {
+            compact(bus, turn).await?;
+            apply_event(bus, turn, &event).await?
+        }
+        other => other?,
+    };
+    if let Applied::Changed { current, .. } = &applied {
+        // For operators: the turn and why, beside every other input Turnpike gave up on.
+        let record = encode(bus, &current.record).unwrap_or_default();
+        turnpike_jetstream::dead_letter(
+            &bus.js,
+            "turn",
+            reason,
+            &format!("$KV.{}.{turn}", turnpike_core::subjects::BUCKET_TURNS),
+            None,
+            record,
+        )
+        .await;
+    }
+    run_owed(bus, applied).await
 }

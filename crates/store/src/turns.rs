@@ -1,16 +1,14 @@
 //! Turn records in the `turnpike_turns` bucket: read, create, apply an event with compare-and-set
-//! (the effects it adds go to the record's outbox, which [`crate::outbox`] carries out). Shared by
-//! the dispatcher (which creates turns) and the coordinator (which applies runner events).
+//! (the effects it adds go to the record's outbox, which `outbox` carries out; a new turn joins
+//! its chat through `admission`). Shared by the dispatcher (which creates turns) and the
+//! coordinator (which applies runner events).
 
 use async_nats::jetstream::kv::{CreateErrorKind, UpdateErrorKind};
 use bytes::Bytes;
 use tracing::debug;
-use turnpike_core::chat::Joined;
 use turnpike_core::lifecycle::{self, Effect, Event, EventOutcome, TransitionError, Unchanged};
 use turnpike_core::{TurnId, TurnRecord};
 use turnpike_jetstream::{decode_kv, now, Bus, BusError};
-
-pub use crate::outbox::{admit, execute, is_listed, run_outbox, run_owed, unlist_live};
 
 /// A record and the KV revision it was read at.
 #[derive(Debug, Clone)]
@@ -102,87 +100,6 @@ pub(crate) fn encode(bus: &Bus, record: &TurnRecord) -> Result<Bytes, BusError> 
     Ok(Bytes::from(bus.codec.encode(record)?))
 }
 
-/// Create a turn in its chat: the live index, the record (waiting), then its place in the chat's
-/// order; if it is the chat's live turn it is admitted at once (attempt 1 dispatched). Every step
-/// is idempotent, so a replayed inbound message (or a crash half-way) only completes what is
-/// missing. Returns the record and whether this call created it.
-///
-/// `known_chat`: the chat record as the caller last read it, if it did (the join then writes
-/// without reading it again).
-pub async fn create_in_chat(
-    bus: &Bus,
-    record: TurnRecord,
-    inbound_seq: Option<u64>,
-    known_chat: Option<crate::chats::Snapshot>,
-) -> Result<(Versioned, bool), ApplyError> {
-    let turn = record.turn.clone();
-    let chat = record.chat.clone();
-    // Into the live index first: a turn is never live without being findable by the sweep. A
-    // create, not a put: whether the turn was listed already tells a replay below whether its
-    // end's effects may still be owed.
-    let listed_here = match bus
-        .live
-        .create(turn.as_str(), Bytes::from(chat.to_string()))
-        .await
-    {
-        Ok(_) => true,
-        Err(e) if e.kind() == CreateErrorKind::AlreadyExists => false,
-        Err(e) => return Err(BusError::kv(format!("index live turn {turn}"), e).into()),
-    };
-    // An idle chat's new message: joined first, so the record is created admitted (one write
-    // where creating it waiting and admitting it took two). A dispatcher that dies after the
-    // join leaves the chat's live turn without a record: the replay of its message, not acked,
-    // finds the chat busy and takes the path below, which creates and admits it.
-    let fast = match (inbound_seq, &known_chat) {
-        (Some(seq), Some(snapshot)) => {
-            crate::chats::join_if_idle(bus, &chat, &turn, seq, snapshot).await?
-        }
-        _ => None,
-    };
-    let joined_first = fast.is_some();
-    let known_chat = if joined_first { None } else { known_chat };
-    let (current, created) = match fast {
-        Some(history) => create(bus, lifecycle::admitted_at_creation(&record, history)).await?,
-        None => create(bus, record).await?,
-    };
-    if created && joined_first {
-        return Ok((run_outbox(bus, current).await?, true));
-    }
-    if current.record.state.is_terminal() {
-        // A replay of a message whose turn already ended: nothing more to do, but to make sure
-        // it does not hold its chat, and to count its message taken (it may never have joined:
-        // killed first), so the chat's next ones go. Found by the model checker: killed before
-        // its join, joined, the dispatcher died before admitting it, and the replay left the
-        // ended turn the chat's live one for good. `admit` of an ended turn releases it.
-        admit(bus, &turn, Vec::new(), None).await?;
-        if let Some(seq) = inbound_seq {
-            crate::chats::inbound_taken(bus, &chat, seq).await?;
-        }
-        // Its end's effects: if it was still listed, they may be owed, and whoever unlists it
-        // carries them out (the sweep, if its coordinator died). If it was not, they were
-        // carried out: unlist it again, or the sweep would carry them out a second time.
-        if listed_here {
-            unlist_live(bus, &turn).await?;
-        }
-        return Ok((current, created));
-    }
-    match crate::chats::join(bus, &chat, &turn, inbound_seq, known_chat).await? {
-        // Admitted at the revision just written: no read before the write.
-        Joined::Live(history) => admit(bus, &turn, history, Some(current.clone())).await?,
-        Joined::Waiting | Joined::Left => {}
-        // The chat's queue filled up since the dispatcher looked: the turn cannot wait in it.
-        Joined::Full { waiting } => {
-            let reason = turnpike_core::wire::Refusal::QueueFull {
-                waiting,
-                max: bus.chat_queue,
-            };
-            let ended = abandon(bus, &turn, &reason.to_string()).await?;
-            return Ok((ended, created));
-        }
-    }
-    Ok((current, created))
-}
-
 /// Write `record` if the turn is still at `revision`: its new revision, or `None` if another
 /// writer was first. An ended turn's record is written with a TTL of `retention_turns`; until
 /// then it has none (the bucket has no age limit), so a turn waiting in its chat, however long,
@@ -219,54 +136,8 @@ async fn write(bus: &Bus, record: &TurnRecord, revision: u64) -> Result<Option<u
     }
 }
 
-/// End a turn that cannot go on because a step failed in a way no retry changes (a payload
-/// NATS refuses, a queue that is full): [`Event::Abandoned`] (failed, the plain notice, the chat
-/// flagged, the reason kept), and its effects carried out. If the record itself no longer fits
-/// what NATS accepts, it is first stored [compacted](TurnRecord::compacted). A turn already
-/// ended is left as it is.
-pub async fn abandon(bus: &Bus, turn: &TurnId, reason: &str) -> Result<Versioned, ApplyError> {
-    tracing::warn!(turn_id = %turn, reason = %turnpike_core::sizes::quote(reason), "ending the turn: a step failed for good");
-    let event = Event::Abandoned {
-        reason: reason.to_owned(),
-    };
-    let applied = match apply_event(bus, turn, &event).await {
-        Err(ApplyError::Bus(e)) if !e.is_transient() => {
-            compact(bus, turn).await?;
-            apply_event(bus, turn, &event).await?
-        }
-        other => other?,
-    };
-    if let Applied::Changed { current, .. } = &applied {
-        // For operators: the turn and why, beside every other input Turnpike gave up on.
-        let record = encode(bus, &current.record).unwrap_or_default();
-        turnpike_jetstream::dead_letter(
-            &bus.js,
-            "turn",
-            reason,
-            &format!("$KV.{}.{turn}", turnpike_core::subjects::BUCKET_TURNS),
-            None,
-            record,
-        )
-        .await;
-    }
-    run_owed(bus, applied).await
-}
-
-/// A turn whose record can never be created (NATS refuses it for good): it leaves its chat
-/// (which an idle chat's message joins before its record is created) and the live index, and
-/// the chat's next turn goes. `record` is the record that could not be created.
-pub async fn withdraw(bus: &Bus, record: &TurnRecord) -> Result<(), ApplyError> {
-    if let Some((next, history)) = crate::chats::release(bus, record, bus.history).await? {
-        if next != record.turn {
-            admit(bus, &next, history, None).await?;
-        }
-    }
-    unlist_live(bus, &record.turn).await?;
-    Ok(())
-}
-
 /// Store the turn's record [compacted](TurnRecord::compacted), by compare-and-set.
-async fn compact(bus: &Bus, turn: &TurnId) -> Result<(), ApplyError> {
+pub(crate) async fn compact(bus: &Bus, turn: &TurnId) -> Result<(), ApplyError> {
     for _ in 0..CAS_ATTEMPTS {
         let current = load(bus, turn)
             .await?

@@ -2,9 +2,17 @@
 //! sequences with duplicates and reordering.
 
 use super::*;
+use crate::ids::{RunnerId, TurnId};
+use crate::record::*;
+use crate::texts;
+use crate::time::Timestamp;
 use crate::wire::{Attachment, AttemptStart, ReplySpan, Role};
+use crate::wire::{
+    ChatErrorCause, ExitClass, ExitReport, HistoryEntry, InboundMessage, OperatorAction,
+};
 use crate::ChatId;
 use proptest::prelude::*;
+use std::time::Duration;
 
 const BUDGETS: [u32; 4] = [0, 1, 3, 5];
 const DELAY: Duration = Duration::from_secs(10);

@@ -14,10 +14,18 @@ mod chat;
 mod fence;
 mod ops;
 
-pub use attempt::*;
-pub use chat::*;
-pub use fence::*;
-pub use ops::*;
+pub use attempt::{
+    AgentInput, AgentLine, AgentStatus, AttemptStart, ClaimHolder, ClaimRecord, ExitClass,
+    ExitReport, Landed, ReplySpan, RunnerEvent, RunnerEventKind, RunnerPresence, WorkItem,
+};
+pub use chat::{
+    Attachment, ChatError, ChatErrorCause, ChatRecord, HistoryEntry, InboundLimits, InboundMessage,
+    OutboundItem, OutboundKind, Refusal, Role,
+};
+pub use fence::{FenceHolder, FenceMarker};
+pub use ops::{
+    CountersSnapshot, HourCounts, KillRequest, OperatorAction, OpsReply, OpsRequest, OpsStats,
+};
 
 fn v1() -> u16 {
     FORMAT_VERSION
@@ -53,7 +61,6 @@ versioned!(
     ChatRecord,
     ClaimRecord,
     RunnerPresence,
-    crate::record::TurnRecord,
 );
 
 #[cfg(test)]

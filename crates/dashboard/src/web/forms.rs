@@ -3,7 +3,7 @@
 use super::{session, urlencode, Shared, State};
 use crate::auth::SESSION_COOKIE;
 use crate::auth::{LoginRefused, Session};
-use crate::pages::{self};
+use crate::html::{self};
 use axum::extract::{ConnectInfo, Form, Path, Query, State as AxState};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{Html, IntoResponse, Redirect, Response};
@@ -196,7 +196,7 @@ pub(super) fn is_page(next: &str) -> bool {
 }
 
 pub(super) async fn login_page(Query(q): Query<NextQuery>) -> Response {
-    Html(pages::login(None, &safe_next(q.next.as_deref())).into_string()).into_response()
+    Html(html::login(None, &safe_next(q.next.as_deref())).into_string()).into_response()
 }
 
 #[derive(Deserialize)]
@@ -237,7 +237,7 @@ pub(super) async fn login(
             };
             return (
                 StatusCode::TOO_MANY_REQUESTS,
-                Html(pages::login(Some(msg), &next).into_string()),
+                Html(html::login(Some(msg), &next).into_string()),
             )
                 .into_response();
         }
@@ -253,7 +253,7 @@ pub(super) async fn login(
         tracing::warn!(ip = %client, user = %shown, "dashboard login failed");
         return (
             StatusCode::UNAUTHORIZED,
-            Html(pages::login(Some("Wrong operator name or password."), &next).into_string()),
+            Html(html::login(Some("Wrong operator name or password."), &next).into_string()),
         )
             .into_response();
     }
@@ -295,7 +295,7 @@ pub(super) async fn logout(
         Err(r) => return r.into_response(),
     };
     // Ended here and now, and on every dashboard once the bucket carries it.
-    crate::sessions::revoke(&state, &s).await;
+    super::sessions::revoke(&state, &s).await;
     tracing::info!(user = %s.user, "dashboard logout");
     let mut res = Redirect::to("/login").into_response();
     res.headers_mut().insert(
@@ -339,7 +339,7 @@ mod tests {
             let _ = form::<ActionForm>(body.clone());
             let query = String::from_utf8_lossy(&body).into_owned();
             if let Ok(uri) = format!("/live?{query}").parse::<axum::http::Uri>() {
-                let _ = Query::<crate::pages::Filter>::try_from_uri(&uri);
+                let _ = Query::<crate::html::Filter>::try_from_uri(&uri);
                 let _ = Query::<NextQuery>::try_from_uri(&uri);
             }
             let next = safe_next(Some(&text));

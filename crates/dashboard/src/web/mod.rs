@@ -18,7 +18,7 @@ use turnpike_jetstream::{now, Bus};
 
 use crate::auth::{LoginLimiter, Session, SESSION_COOKIE};
 use crate::changes::Change;
-use crate::pages::{self, Ctx, Filter, Page, Paged};
+use crate::html::{self, Ctx, Filter, Page, Paged};
 use crate::Access;
 
 /// Rows per list page.
@@ -141,7 +141,7 @@ pub fn router(state: Shared) -> Router {
             get(|| async {
                 (
                     [(header::CONTENT_TYPE, "text/javascript; charset=utf-8")],
-                    pages::APP_JS,
+                    html::APP_JS,
                 )
             }),
         )
@@ -150,7 +150,7 @@ pub fn router(state: Shared) -> Router {
             get(|| async {
                 (
                     [(header::CONTENT_TYPE, "text/css; charset=utf-8")],
-                    pages::STYLE_CSS,
+                    html::STYLE_CSS,
                 )
             }),
         )
@@ -259,12 +259,12 @@ pub(super) fn render(
     if is_fragment(headers) {
         Html(page.body.into_string()).into_response()
     } else {
-        Html(pages::layout(&ctx, &page).into_string()).into_response()
+        Html(html::layout(&ctx, &page).into_string()).into_response()
     }
 }
 
 pub(super) fn not_found(state: &State, s: &Session, headers: &HeaderMap, what: &str) -> Response {
-    let page = render(state, s, headers, |_| pages::not_found(what));
+    let page = render(state, s, headers, |_| html::not_found(what));
     (StatusCode::NOT_FOUND, page).into_response()
 }
 
@@ -287,6 +287,7 @@ macro_rules! logged_in {
 }
 
 mod forms;
+pub(crate) mod sessions;
 mod views;
 
 pub(super) fn page_of<T>(items: Vec<T>, page: Option<usize>) -> Paged<T> {
@@ -307,7 +308,7 @@ pub(super) fn page_of<T>(items: Vec<T>, page: Option<usize>) -> Paged<T> {
 }
 
 pub(super) fn flash(f: &Filter) -> maud::Markup {
-    pages::flash(f.msg.as_deref(), f.ok.unwrap_or(false))
+    html::flash(f.msg.as_deref(), f.ok.unwrap_or(false))
 }
 
 async fn events(AxState(state): AxState<Shared>, headers: HeaderMap) -> Response {

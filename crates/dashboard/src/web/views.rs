@@ -1,7 +1,7 @@
-//! The pages: each reads what it shows, bounded, and renders it.
+//! The GET handlers: each reads what it shows, bounded, and renders it with [`crate::html`].
 
 use super::{failed, flash, not_found, page_of, render, session, to_login, urlencode, Shared};
-use crate::pages::{self, Filter};
+use crate::html::{self, Filter};
 use crate::read;
 use axum::extract::{Path, Query, State as AxState};
 use axum::http::HeaderMap;
@@ -12,7 +12,7 @@ use turnpike_jetstream::now;
 pub(super) async fn overview(AxState(state): AxState<Shared>, headers: HeaderMap) -> Response {
     let s = logged_in!(state, headers, "/");
     match read::overview(&state.bus).await {
-        Ok(o) => render(&state, &s, &headers, |ctx| pages::overview(&o, ctx.now)),
+        Ok(o) => render(&state, &s, &headers, |ctx| html::overview(&o, ctx.now)),
         Err(e) => failed(e),
     }
 }
@@ -61,7 +61,7 @@ pub(super) async fn errored(
         .collect();
     flagged.sort_by_key(|c| std::cmp::Reverse(c.errored.as_ref().map(|e| e.at)));
     render(&state, &s, &headers, |ctx| {
-        pages::errored(
+        html::errored(
             ctx,
             &page_of(flagged, f.page),
             &query_base("/errored", &f),
@@ -105,7 +105,7 @@ pub(super) async fn live(
     records.retain(|r| within(&f, r.created_at));
     records.sort_by_key(|r| std::cmp::Reverse(r.created_at));
     render(&state, &s, &headers, |ctx| {
-        pages::live(
+        html::live(
             ctx,
             &page_of(records, f.page),
             &query_base("/live", &f),
@@ -123,9 +123,7 @@ pub(super) async fn runners(AxState(state): AxState<Shared>, headers: HeaderMap)
     };
     list.sort_by(|a, b| a.runner.as_str().cmp(b.runner.as_str()));
     let stale = 3 * state.config.heartbeat.as_millis() as u64;
-    render(&state, &s, &headers, |ctx| {
-        pages::runners(ctx, &list, stale)
-    })
+    render(&state, &s, &headers, |ctx| html::runners(ctx, &list, stale))
 }
 
 pub(super) async fn turn(
@@ -152,7 +150,7 @@ pub(super) async fn turn(
         Err(e) => return failed(e),
     };
     render(&state, &s, &headers, |ctx| {
-        pages::turn(ctx, &record, &reruns, &output, flash(&f))
+        html::turn(ctx, &record, &reruns, &output, flash(&f))
     })
 }
 
@@ -175,6 +173,6 @@ pub(super) async fn chat(
         Err(e) => return failed(e),
     };
     render(&state, &s, &headers, |ctx| {
-        pages::chat(ctx, chat_id.as_str(), record.as_ref(), &recent, flash(&f))
+        html::chat(ctx, chat_id.as_str(), record.as_ref(), &recent, flash(&f))
     })
 }

@@ -7,7 +7,6 @@
 
 use super::{BackendError, Output, RunSpec};
 use crate::backend::process::wait_stop;
-use crate::classify::{RawExit, StopReason};
 use bollard::container::LogOutput;
 use bollard::errors::Error as DockerError;
 use bollard::models::{ContainerCreateBody, HostConfig, HostConfigLogConfig, Mount, MountType};
@@ -26,6 +25,7 @@ use tokio::io::AsyncWriteExt;
 use tokio::sync::{mpsc, watch};
 use tracing::{debug, warn};
 use turnpike_config::Config;
+use turnpike_core::exit::{RawExit, StopReason};
 use turnpike_core::wire::{AgentInput, WorkItem};
 use turnpike_core::{ChatId, RunnerId, TurnId};
 

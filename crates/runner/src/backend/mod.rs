@@ -13,10 +13,10 @@ pub use docker::{
 };
 pub use process::ProcessBackend;
 
-use crate::classify::{RawExit, StopReason};
 use bytes::Bytes;
 use std::time::Duration;
 use tokio::sync::{mpsc, watch};
+use turnpike_core::exit::{RawExit, StopReason};
 use turnpike_core::wire::WorkItem;
 
 /// One attempt to run.
@@ -112,34 +112,4 @@ pub(crate) fn stopped_before_start(stop: &watch::Receiver<Option<StopReason>>) -
         stopped_by: Some(reason),
         ..RawExit::default()
     })
-}
-
-/// An attachment name safe to use as one path component: no separators, no `..`, no NUL.
-pub fn sanitize_attachment_name(name: &str) -> String {
-    let base = name.rsplit(['/', '\\']).next().unwrap_or("");
-    let cleaned: String = base
-        .chars()
-        .map(|c| if c.is_control() || c == ':' { '_' } else { c })
-        .collect();
-    let cleaned = cleaned.trim_matches('.').trim();
-    if cleaned.is_empty() {
-        "attachment".to_owned()
-    } else {
-        cleaned.chars().take(200).collect()
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::sanitize_attachment_name as s;
-
-    #[test]
-    fn attachment_names_cannot_escape() {
-        assert_eq!(s("report.pdf"), "report.pdf");
-        assert_eq!(s("../../etc/passwd"), "passwd");
-        assert_eq!(s("..\\..\\x.txt"), "x.txt");
-        assert_eq!(s(".."), "attachment");
-        assert_eq!(s("a\0b"), "a_b");
-        assert_eq!(s(""), "attachment");
-    }
 }

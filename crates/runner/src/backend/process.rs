@@ -6,7 +6,6 @@
 //! grandchild outlives its attempt.
 
 use super::{tree, BackendError, Output, RunSpec};
-use crate::classify::{RawExit, StopReason};
 use crate::scratch::AttemptDir;
 use bytes::Bytes;
 use rustix::process::Signal;
@@ -18,6 +17,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::process::Command;
 use tokio::sync::{mpsc, watch};
 use tracing::warn;
+use turnpike_core::exit::{RawExit, StopReason};
 use turnpike_core::wire::AgentInput;
 
 pub struct ProcessBackend {

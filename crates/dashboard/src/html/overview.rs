@@ -3,7 +3,7 @@
 use super::*;
 
 pub struct Overview {
-    pub counters: Counters,
+    pub counters: CountersSnapshot,
     pub coordinators: usize,
     pub live: Vec<(TurnState, u64)>,
     pub queue_depth: u64,

@@ -2,20 +2,20 @@
 //! markup. Pages are pure functions of what was read, so they are tested without a server.
 
 use maud::{html, Markup, DOCTYPE};
-use turnpike_core::lifecycle::{AttemptRecord, TurnState};
+use turnpike_core::record::{AttemptRecord, TurnState};
 use turnpike_core::wire::{ChatRecord, RunnerPresence};
 use turnpike_core::{Timestamp, TurnId, TurnRecord};
 
-use crate::read::Counters;
+use turnpike_core::wire::CountersSnapshot;
 use turnpike_store::fence::TurnOutput;
 
 mod chats;
 mod overview;
 mod turns;
 
-pub use chats::*;
-pub use overview::*;
-pub use turns::*;
+pub use chats::{chat, errored};
+pub use overview::{overview, runners, Overview};
+pub use turns::{live, turn};
 
 /// What every page is drawn with: the operator, their CSRF token and the time of the read.
 pub struct Ctx<'a> {

@@ -3,8 +3,8 @@
 //! dashboard process watches the bucket and refuses those sessions from then on (the cookie
 //! alone would still verify: sessions are signed, not stored).
 
+use super::State;
 use crate::auth::Session;
-use crate::web::State;
 use futures::StreamExt;
 use std::sync::Arc;
 use std::time::Duration;

@@ -1,0 +1,426 @@
+//! Creating a turn and applying one event to it: the lifecycle table.
+
+use crate::ids::TurnId;
+use crate::record::{
+    AttemptRecord, NoticeKind, NoticeRecord, Outcome, OutcomeReason, TurnRecord, TurnState,
+};
+use crate::texts;
+use crate::time::Timestamp;
+use crate::wire::{ChatErrorCause, ExitClass, HistoryEntry, InboundMessage, OperatorAction};
+use crate::FORMAT_VERSION;
+use std::time::Duration;
+
+use super::{next_outbox, Effect, Event, Step, TransitionError, Unchanged};
+
+/// What the dispatcher knows when it creates a turn.
+#[derive(Debug, Clone)]
+pub struct NewTurn {
+    pub turn: TurnId,
+    pub message: InboundMessage,
+    pub history: Vec<HistoryEntry>,
+    pub max_turn_retry: u32,
+    pub retry_delay: Duration,
+    pub rerun_of: Option<TurnId>,
+    /// The operator who asked for this turn (re-runs).
+    pub created_by: Option<OperatorAction>,
+    /// False when the chat has a live turn: the new one waits for [`Event::Admitted`].
+    pub admit_now: bool,
+}
+
+/// Attempts a turn gets, the first included, under `MAX_TURN_RETRY`: 0 and 1 both mean one
+/// attempt (retries off).
+pub fn attempt_limit(max_turn_retry: u32) -> u32 {
+    max_turn_retry.max(1)
+}
+
+/// A new turn record, and attempt 1 to dispatch if it may start now.
+pub fn create(new: NewTurn, now: Timestamp) -> (TurnRecord, Vec<Effect>) {
+    let max_attempts = attempt_limit(new.max_turn_retry);
+    let mut record = TurnRecord {
+        v: FORMAT_VERSION,
+        turn: new.turn,
+        chat: new.message.chat.clone(),
+        message: new.message,
+        history: new.history,
+        max_turn_retry: new.max_turn_retry,
+        max_attempts,
+        retry_delay: new.retry_delay,
+        created_at: now,
+        updated_at: now,
+        state: TurnState::Waiting,
+        attempt: 0,
+        retry_count: 0,
+        next_attempt_due: None,
+        attempts: Vec::new(),
+        kill: None,
+        outcome: None,
+        notice: None,
+        chat_flagged: false,
+        rerun_of: new.rerun_of,
+        created_by: new.created_by,
+        rerun_request: None,
+        outbox: Vec::new(),
+    };
+    let effects = if new.admit_now {
+        admit(&mut record)
+    } else {
+        Vec::new()
+    };
+    (record, effects)
+}
+
+/// A new turn's record as created when its chat was idle at its join: the waiting record with
+/// [`Event::Admitted`] applied (attempt 1 owed in its outbox), written once instead of twice.
+/// Anything but a waiting record is returned as it is.
+pub fn admitted_at_creation(record: &TurnRecord, history: Vec<HistoryEntry>) -> TurnRecord {
+    match apply(record, &Event::Admitted { history }, record.created_at) {
+        Ok(Step::Changed { record, effects }) => {
+            let mut record = *record;
+            record.outbox = next_outbox(&record, &effects);
+            record
+        }
+        _ => record.clone(),
+    }
+}
+
+fn admit(r: &mut TurnRecord) -> Vec<Effect> {
+    r.state = TurnState::Queued;
+    r.attempt = 1;
+    r.attempts.push(AttemptRecord::new(1));
+    vec![Effect::DispatchAttempt {
+        attempt: 1,
+        not_before: None,
+    }]
+}
+
+/// Apply one event at `now`: the time the event happened by the one clock the shells use, the
+/// server's (the coordinator passes the event message's stream timestamp). It stamps the record
+/// and dates a death, from which the retry delay runs.
+pub fn apply(record: &TurnRecord, event: &Event, now: Timestamp) -> Result<Step, TransitionError> {
+    let mut r = record.clone();
+    let effects = match event {
+        Event::Admitted { history } => {
+            if r.state != TurnState::Waiting {
+                return Ok(unchanged_for_state(r.state));
+            }
+            r.history = history.clone();
+            admit(&mut r)
+        }
+        Event::Started {
+            attempt,
+            runner,
+            published_at,
+        } => {
+            if let Some(u) = fence(&r, *attempt)? {
+                return Ok(Step::Unchanged(u));
+            }
+            let a = r.current_attempt_mut();
+            match &a.runner {
+                Some(recorded) if recorded == runner => {
+                    return Ok(Step::Unchanged(Unchanged::Duplicate));
+                }
+                Some(recorded) => {
+                    return Err(TransitionError::ConflictingRunner {
+                        attempt: *attempt,
+                        recorded: recorded.clone(),
+                        claimed: runner.clone(),
+                    });
+                }
+                None => {}
+            }
+            a.runner = Some(runner.clone());
+            a.started_at = Some(now);
+            a.published_at = Some(*published_at);
+            r.state = TurnState::Running;
+            r.next_attempt_due = None;
+            Vec::new()
+        }
+        Event::MessageLanded {
+            attempt,
+            seq,
+            stream_seq,
+        } => {
+            if *seq == 0 {
+                return Err(TransitionError::SeqZero);
+            }
+            if let Some(u) = fence(&r, *attempt)? {
+                return Ok(Step::Unchanged(u));
+            }
+            let a = r.current_attempt_mut();
+            if a.messages_landed >= *seq {
+                return Ok(Step::Unchanged(Unchanged::Duplicate));
+            }
+            a.messages_landed = *seq;
+            if let Some(at) = stream_seq {
+                a.reply_span = Some(crate::wire::ReplySpan::with(a.reply_span, *at));
+            }
+            r.state = TurnState::Running;
+            r.next_attempt_due = None;
+            Vec::new()
+        }
+        Event::Exited { attempt, report } => {
+            if let Some(u) = fence(&r, *attempt)? {
+                return Ok(Step::Unchanged(u));
+            }
+            let a = r.current_attempt_mut();
+            // What landed is the larger of what we saw land and what the runner says landed.
+            a.messages_landed = a.messages_landed.max(report.messages_landed);
+            // Events are handled concurrently, so this report may come before the attempt's
+            // MessageLanded events; both say truly where some of them are stored.
+            a.reply_span = crate::wire::ReplySpan::union(a.reply_span, report.reply_span);
+            if let (None, Some(start)) = (&a.runner, &report.started) {
+                a.runner = Some(start.runner.clone());
+                a.published_at = Some(start.published_at);
+                a.started_at = start.started_at;
+            }
+            // Kept bounded whatever the runner sent: the record must fit NATS.
+            a.exit = Some(report.clone().bounded());
+            // The death is dated by `now`, the time of the event that reported it: the shells
+            // pass the server's timestamp of that event, the same clock that fires the retry's
+            // schedule. The runner's own `ended_at` is kept for operators, never used to decide.
+            decide(&mut r, report.class, now, now)
+        }
+        Event::KillRequested { action } => match r.state {
+            s if s.is_terminal() => return Ok(unchanged_for_state(s)),
+            TurnState::Running => {
+                if r.kill.is_some() {
+                    return Ok(Step::Unchanged(Unchanged::Duplicate));
+                }
+                r.kill = Some(action.clone());
+                vec![Effect::ForwardKill { attempt: r.attempt }]
+            }
+            TurnState::Waiting | TurnState::Queued | TurnState::PendingRetry => {
+                r.kill = Some(action.clone());
+                let mut effects = Vec::new();
+                if r.attempt > 0 {
+                    effects.push(Effect::CancelAttempt { attempt: r.attempt });
+                }
+                // A pending retry's attempt is only scheduled: it is cancelled, not made.
+                let made = if r.state == TurnState::PendingRetry {
+                    r.attempt - 1
+                } else {
+                    r.attempt
+                };
+                effects.extend(finish_after(
+                    &mut r,
+                    TurnState::Killed,
+                    OutcomeReason::OperatorKilled,
+                    made,
+                    now,
+                ));
+                effects
+            }
+            _ => return Ok(unchanged_for_state(r.state)),
+        },
+        Event::Abandoned { reason } => {
+            if r.state.is_terminal() {
+                return Ok(unchanged_for_state(r.state));
+            }
+            let reason = crate::sizes::cut(reason, crate::sizes::REASON_MAX).into_owned();
+            let mut effects = Vec::new();
+            // Nothing of the turn may run or land from here on: an attempt that runs is fenced
+            // out and told to stop; one owed is cancelled (its claim taken, its schedule
+            // dropped). An attempt only scheduled was never made.
+            let made = match r.state {
+                TurnState::Running => {
+                    effects.push(Effect::ForwardKill { attempt: r.attempt });
+                    r.attempt
+                }
+                TurnState::Queued | TurnState::PendingRetry => {
+                    effects.push(Effect::CancelAttempt { attempt: r.attempt });
+                    if r.state == TurnState::PendingRetry {
+                        r.attempt - 1
+                    } else {
+                        r.attempt
+                    }
+                }
+                _ => r.attempt,
+            };
+            effects.extend(finish_after(
+                &mut r,
+                TurnState::Failed,
+                OutcomeReason::PermanentError,
+                made,
+                now,
+            ));
+            if let Some(o) = r.outcome.as_mut() {
+                o.error = Some(reason.clone());
+            }
+            for e in &mut effects {
+                if let Effect::FlagChatErrored {
+                    reason: flagged, ..
+                } = e
+                {
+                    *flagged = reason.clone();
+                }
+            }
+            effects
+        }
+    };
+    r.updated_at = now;
+    Ok(Step::Changed {
+        record: Box::new(r),
+        effects,
+    })
+}
+
+fn unchanged_for_state(state: TurnState) -> Step {
+    if state.is_terminal() {
+        Step::Unchanged(Unchanged::AlreadyEnded { state })
+    } else {
+        Step::Unchanged(Unchanged::Duplicate)
+    }
+}
+
+/// Fence an attempt-scoped event: `Some(reason)` when it must change nothing.
+fn fence(r: &TurnRecord, attempt: u32) -> Result<Option<Unchanged>, TransitionError> {
+    if attempt == 0 {
+        return Err(TransitionError::AttemptZero);
+    }
+    if r.state == TurnState::Waiting {
+        return Err(TransitionError::NotAdmitted { attempt });
+    }
+    if attempt > r.attempt {
+        return Err(TransitionError::FutureAttempt {
+            attempt,
+            current: r.attempt,
+        });
+    }
+    if r.state.is_terminal() {
+        return Ok(Some(Unchanged::AlreadyEnded { state: r.state }));
+    }
+    if attempt < r.attempt {
+        return Ok(Some(Unchanged::Superseded {
+            attempt,
+            current: r.attempt,
+        }));
+    }
+    Ok(None)
+}
+
+/// The lifecycle table: how the current attempt's exit decides the turn.
+fn decide(
+    r: &mut TurnRecord,
+    class: ExitClass,
+    death_at: Timestamp,
+    now: Timestamp,
+) -> Vec<Effect> {
+    let landed = r.any_landed();
+    let killed = class == ExitClass::OperatorKilled
+        || (r.kill.is_some() && (class.is_death() || class == ExitClass::CouldNotStart));
+    if killed {
+        return finish(r, TurnState::Killed, OutcomeReason::OperatorKilled, now);
+    }
+    match class {
+        ExitClass::Clean if landed => finish(r, TurnState::Done, OutcomeReason::Replied, now),
+        ExitClass::Clean => finish(r, TurnState::Done, OutcomeReason::SilentTurn, now),
+        ExitClass::AgentFailed => finish(r, TurnState::Failed, OutcomeReason::AgentFailed, now),
+        ExitClass::CouldNotStart if landed => {
+            finish(r, TurnState::Failed, OutcomeReason::DiedAfterReply, now)
+        }
+        ExitClass::CouldNotStart => finish(r, TurnState::Failed, OutcomeReason::CouldNotStart, now),
+        _ if landed => finish(r, TurnState::Failed, OutcomeReason::DiedAfterReply, now),
+        _ if r.attempt < r.max_attempts => {
+            let next = r.attempt + 1;
+            let due = death_at.saturating_add(r.retry_delay);
+            r.state = TurnState::PendingRetry;
+            r.retry_count += 1;
+            r.attempt = next;
+            r.next_attempt_due = Some(due);
+            let mut a = AttemptRecord::new(next);
+            a.due_at = Some(due);
+            a.preamble = Some(texts::retry_preamble(next, r.max_attempts));
+            r.attempts.push(a);
+            vec![Effect::DispatchAttempt {
+                attempt: next,
+                not_before: Some(due),
+            }]
+        }
+        _ => finish(r, TurnState::GaveUp, OutcomeReason::BudgetSpent, now),
+    }
+}
+
+/// Enter a terminal state: record the outcome, the one notice, the errored flag, and say so.
+fn finish(
+    r: &mut TurnRecord,
+    state: TurnState,
+    reason: OutcomeReason,
+    now: Timestamp,
+) -> Vec<Effect> {
+    let made = r.attempt;
+    finish_after(r, state, reason, made, now)
+}
+
+/// [`finish`], after `attempts` attempts were actually made.
+fn finish_after(
+    r: &mut TurnRecord,
+    state: TurnState,
+    reason: OutcomeReason,
+    attempts: u32,
+    now: Timestamp,
+) -> Vec<Effect> {
+    r.state = state;
+    r.next_attempt_due = None;
+    r.outcome = Some(Outcome {
+        reason,
+        at: now,
+        attempts,
+        error: None,
+    });
+    let notice = match reason {
+        OutcomeReason::Replied | OutcomeReason::OperatorKilled => None,
+        OutcomeReason::SilentTurn => {
+            Some((NoticeKind::SilentTurn, texts::SILENT_TURN_NOTICE.to_owned()))
+        }
+        OutcomeReason::AgentFailed
+        | OutcomeReason::CouldNotStart
+        | OutcomeReason::DiedAfterReply
+        | OutcomeReason::PermanentError => {
+            Some((NoticeKind::Plain, texts::PLAIN_FAILURE_NOTICE.to_owned()))
+        }
+        OutcomeReason::BudgetSpent => Some((NoticeKind::GiveUp, texts::give_up_notice(attempts))),
+    };
+    let mut effects = Vec::new();
+    if let Some((kind, text)) = notice {
+        if r.notice.is_none() {
+            r.notice = Some(NoticeRecord {
+                kind,
+                text: text.clone(),
+                attempt: attempts,
+                at: now,
+            });
+            effects.push(Effect::Notify {
+                kind,
+                text,
+                attempt: attempts,
+            });
+        }
+    }
+    let flag = match reason {
+        OutcomeReason::BudgetSpent => Some((
+            ChatErrorCause::GaveUp,
+            format!(
+                "gave up after {}",
+                crate::texts::count(attempts.into(), "attempt", "attempts")
+            ),
+        )),
+        OutcomeReason::CouldNotStart => Some((
+            ChatErrorCause::CouldNotStart,
+            "agent could not start".to_owned(),
+        )),
+        // The reason is set by the caller ([`Event::Abandoned`]).
+        OutcomeReason::PermanentError => {
+            Some((ChatErrorCause::PermanentError, "permanent error".to_owned()))
+        }
+        _ => None,
+    };
+    if let Some((cause, reason)) = flag {
+        r.chat_flagged = true;
+        effects.push(Effect::FlagChatErrored {
+            reason,
+            cause: Some(cause),
+        });
+    }
+    effects.push(Effect::Ended { state });
+    effects
+}

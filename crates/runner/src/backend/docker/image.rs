@@ -1,0 +1,103 @@
+//! What goes into a run's volume: the watchdog, read out of its image, and the attachments.
+
+use super::super::BackendError;
+use bollard::Docker;
+use futures::StreamExt;
+
+/// Where the watchdog binary lies in `agent_init_image`.
+const INIT_IN_IMAGE: &str = "/turnpike-agent-init";
+/// The watchdog is small (a static binary of a few hundred KiB); anything far larger is not it.
+const INIT_MAX_BYTES: u64 = 16 << 20;
+
+/// Read the watchdog binary out of `image`, by exporting the image (`docker save`): no
+/// container is made, so a runner killed meanwhile, or an engine refusing removals, leaves
+/// nothing behind. The export is a tar of tars (one per layer, as `<id>/layer.tar` or OCI
+/// `blobs/sha256/<digest>`, uncompressed either way); the file is looked for in each layer.
+pub(super) async fn load_init(docker: &Docker, image: &str) -> Result<bytes::Bytes, BackendError> {
+    let missing = |detail: String| BackendError::InitImage {
+        image: image.to_owned(),
+        detail,
+    };
+    // The image holds the binary and little else; anything far larger is not that image.
+    let limit = INIT_MAX_BYTES * 4;
+    let mut export = Vec::new();
+    let mut stream = docker.export_image(image);
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk.map_err(|e| missing(e.to_string()))?;
+        if (export.len() + chunk.len()) as u64 > limit {
+            return Err(missing(format!("the image is larger than {limit} bytes")));
+        }
+        export.extend_from_slice(&chunk);
+    }
+    let wanted = INIT_IN_IMAGE.trim_start_matches('/');
+    let mut outer = tar::Archive::new(&export[..]);
+    let entries = outer.entries().map_err(|e| missing(e.to_string()))?;
+    for entry in entries {
+        let mut entry = entry.map_err(|e| missing(e.to_string()))?;
+        if entry.header().entry_type() != tar::EntryType::Regular || entry.size() == 0 {
+            continue;
+        }
+        let mut layer = Vec::new();
+        std::io::Read::read_to_end(&mut entry, &mut layer).map_err(|e| missing(e.to_string()))?;
+        // Manifests and configs are JSON, not tars: skip whatever does not read as one.
+        let mut files = tar::Archive::new(&layer[..]);
+        let Ok(files) = files.entries() else { continue };
+        for file in files.flatten() {
+            let mut file = file;
+            let is_it = file
+                .path()
+                .is_ok_and(|p| p.to_string_lossy().trim_start_matches("./") == wanted);
+            if !is_it {
+                continue;
+            }
+            let mut init = Vec::new();
+            std::io::Read::read_to_end(&mut file, &mut init).map_err(|e| missing(e.to_string()))?;
+            if !init.starts_with(b"\x7fELF") {
+                return Err(missing(format!("{INIT_IN_IMAGE} is not an executable")));
+            }
+            return Ok(bytes::Bytes::from(init));
+        }
+    }
+    Err(missing(format!("{INIT_IN_IMAGE} is not in the image")))
+}
+
+/// A tar archive for the run's volume: `init` (the watchdog, executable by any user) and
+/// `attachments/<name>` per attachment (readable by any user), packed from memory and the
+/// spooled files into an unnamed temporary file and streamed from there: never more than a
+/// buffer of the attachments in memory.
+pub(super) async fn run_dir_tar(
+    init: bytes::Bytes,
+    files: Vec<crate::attachments::Spooled>,
+) -> std::io::Result<tokio::fs::File> {
+    let tar = tokio::task::spawn_blocking(move || {
+        let mut builder = tar::Builder::new(tempfile::tempfile()?);
+        let mut h = tar::Header::new_gnu();
+        h.set_mode(0o555);
+        h.set_size(init.len() as u64);
+        h.set_cksum();
+        builder.append_data(&mut h, "init", &init[..])?;
+        let mut h = tar::Header::new_gnu();
+        h.set_entry_type(tar::EntryType::Directory);
+        h.set_mode(0o755);
+        h.set_size(0);
+        h.set_cksum();
+        builder.append_data(&mut h, "attachments/", std::io::empty())?;
+        for a in &files {
+            let mut h = tar::Header::new_gnu();
+            h.set_mode(0o644);
+            h.set_size(a.len);
+            h.set_cksum();
+            builder.append_data(
+                &mut h,
+                format!("attachments/{}", a.name),
+                std::fs::File::open(&a.path)?,
+            )?;
+        }
+        let mut file = builder.into_inner()?;
+        std::io::Seek::rewind(&mut file)?;
+        Ok::<_, std::io::Error>(file)
+    })
+    .await
+    .map_err(std::io::Error::other)??;
+    Ok(tokio::fs::File::from_std(tar))
+}

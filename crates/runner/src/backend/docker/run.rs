@@ -1,0 +1,377 @@
+//! One attempt's container: created, fed, started, watched until it exits or is stopped, removed.
+
+use super::super::{Output, RunSpec};
+use super::image::run_dir_tar;
+use super::*;
+use crate::backend::process::wait_stop;
+use bollard::container::LogOutput;
+use bollard::errors::Error as DockerError;
+use bollard::query_parameters::{
+    CreateContainerOptionsBuilder, EventsOptionsBuilder, StopContainerOptionsBuilder,
+    UploadToContainerOptionsBuilder, WaitContainerOptions,
+};
+use futures::StreamExt;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::io::AsyncWriteExt;
+use tokio::sync::{mpsc, watch};
+use tracing::{debug, warn};
+use turnpike_core::exit::{RawExit, StopReason};
+use turnpike_core::wire::AgentInput;
+
+impl DockerBackend {
+    pub async fn run(
+        &self,
+        spec: &RunSpec,
+        out: mpsc::Sender<Output>,
+        stop: watch::Receiver<Option<StopReason>>,
+    ) -> RawExit {
+        let work = &spec.work;
+        let name = self.container_name(&work.turn, work.attempt);
+        // A container of the same name can only be a leftover of this very attempt: replace it.
+        self.remove(&name).await;
+        let paths = spec
+            .attachments
+            .iter()
+            .map(|a| format!("{ATTACHMENT_DIR}/{}", a.name))
+            .collect();
+        let input = match serde_json::to_vec(&AgentInput::from_work(work, paths)) {
+            Ok(i) => i,
+            Err(e) => return engine_error(format!("cannot encode the input document: {e}")),
+        };
+        let command = match self.agent_command().await {
+            Ok(Ok(c)) => c,
+            Ok(Err(refused)) => {
+                return RawExit {
+                    start_error: Some(refused),
+                    ..RawExit::default()
+                }
+            }
+            Err(e) => return engine_error(format!("inspecting the agent image failed: {e}")),
+        };
+        let first = spec
+            .watchdog
+            .borrow()
+            .saturating_duration_since(std::time::Instant::now());
+        let body = self.container.body(
+            work,
+            spec.memory_limit,
+            Some(watchdog_command(first, command)),
+        );
+        let created = self
+            .docker
+            .create_container(
+                Some(CreateContainerOptionsBuilder::new().name(&name).build()),
+                body,
+            )
+            .await;
+        let id = match created {
+            Ok(c) => c.id,
+            Err(e) if is_refusal(&e) => {
+                return RawExit {
+                    start_error: Some(format!(
+                        "cannot create the container from image {:?}: {e}",
+                        self.container.image
+                    )),
+                    ..RawExit::default()
+                }
+            }
+            Err(e) => {
+                // The engine may have made it all the same.
+                self.reconcile(work).await;
+                return engine_error(format!("creating the container failed: {e}"));
+            }
+        };
+        let raw = self.run_created(&id, spec, input, out, stop).await;
+        self.remove(&id).await;
+        if raw.engine_error.is_some() {
+            self.reconcile(work).await;
+        }
+        raw
+    }
+
+    async fn run_created(
+        &self,
+        id: &str,
+        spec: &RunSpec,
+        input: Vec<u8>,
+        out: mpsc::Sender<Output>,
+        mut stop: watch::Receiver<Option<StopReason>>,
+    ) -> RawExit {
+        let tar = match run_dir_tar(self.init.clone(), spec.attachments.clone()).await {
+            Ok(t) => t,
+            Err(e) => {
+                return engine_error(format!("cannot pack the watchdog and attachments: {e}"))
+            }
+        };
+        let opts = UploadToContainerOptionsBuilder::new().path(RUN_DIR).build();
+        let body = bollard::body_try_stream(tokio_util::io::ReaderStream::new(tar));
+        if let Err(e) = self.docker.upload_to_container(id, Some(opts), body).await {
+            return engine_error(format!(
+                "copying the watchdog and attachments into the container failed: {e}"
+            ));
+        }
+
+        // The engine's oom event: State.OOMKilled alone misses a child killed inside the cgroup.
+        let oom = Arc::new(AtomicBool::new(false));
+        let oom_watch = {
+            let docker = self.docker.clone();
+            let oom = oom.clone();
+            let filters: HashMap<&str, Vec<String>> = HashMap::from([
+                ("type", vec!["container".to_owned()]),
+                ("event", vec!["oom".to_owned()]),
+                ("container", vec![id.to_owned()]),
+            ]);
+            let opts = EventsOptionsBuilder::new().filters(&filters).build();
+            tokio::spawn(async move {
+                let mut events = docker.events(Some(opts));
+                while let Some(ev) = events.next().await {
+                    if ev.is_ok() {
+                        oom.store(true, Ordering::SeqCst);
+                    }
+                }
+            })
+        };
+
+        // Attach before start, so no output is missed.
+        let attach = self
+            .docker
+            .attach_container(id, Some(attach_options()))
+            .await;
+        let attach = match attach {
+            Ok(a) => a,
+            Err(e) => {
+                oom_watch.abort();
+                return engine_error(format!("attaching to the container failed: {e}"));
+            }
+        };
+        if let Some(stopped) = super::super::stopped_before_start(&stop) {
+            oom_watch.abort();
+            return stopped;
+        }
+        // Past the watchdog's deadline (this runtime froze during the create): the attempt may
+        // be another's by now. The watchdog would not start the agent either.
+        if *spec.watchdog.borrow() <= std::time::Instant::now() {
+            oom_watch.abort();
+            return RawExit {
+                stopped_by: Some(StopReason::LeaseLost),
+                ..RawExit::default()
+            };
+        }
+        if let Err(e) = self.docker.start_container(id, None).await {
+            oom_watch.abort();
+            return if is_refusal(&e) {
+                RawExit {
+                    start_error: Some(format!("the container would not start: {e}")),
+                    ..RawExit::default()
+                }
+            } else {
+                engine_error(format!("starting the container failed: {e}"))
+            };
+        }
+        let _ = out.send(Output::Started).await;
+        let feeder = tokio::spawn(feed(attach.input, input, spec.watchdog.clone()));
+        let mut output = attach.output;
+        let pump = tokio::spawn(async move {
+            while let Some(item) = output.next().await {
+                let chunk = match item {
+                    Ok(LogOutput::StdOut { message }) | Ok(LogOutput::Console { message }) => {
+                        Output::Stdout(message)
+                    }
+                    Ok(LogOutput::StdErr { message }) => Output::Stderr(message),
+                    Ok(LogOutput::StdIn { .. }) => continue,
+                    Err(e) => {
+                        debug!(error = %e, "attach stream ended");
+                        break;
+                    }
+                };
+                if out.send(chunk).await.is_err() {
+                    break;
+                }
+            }
+        });
+
+        let (wait_code, stopped_by) = self.wait_exit(id, spec, &mut stop).await;
+        // The attach stream can stay open after exit: drain briefly, then let go.
+        if tokio::time::timeout(Duration::from_secs(2), pump)
+            .await
+            .is_err()
+        {
+            debug!("attach stream still open after exit");
+        }
+        feeder.abort();
+        let inspected = self.docker.inspect_container(id, None).await;
+        // The oom event may trail the exit; only a SIGKILL death (137) can be an OOM kill, so
+        // only then is it worth waiting for.
+        if wait_code == Some(137) && !oom.load(Ordering::SeqCst) {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        oom_watch.abort();
+        let (state_code, oom_killed) = match &inspected {
+            Ok(info) => {
+                let state = info.state.as_ref();
+                // A container still running has an exit code of 0: never an exit.
+                let exited = state.and_then(|s| s.running) == Some(false);
+                (
+                    state.and_then(|s| s.exit_code).filter(|_| exited),
+                    state.and_then(|s| s.oom_killed).unwrap_or(false),
+                )
+            }
+            Err(_) => (None, false),
+        };
+        let exit_code = wait_code.or(state_code);
+        // The watchdog stopped the agent: this runner did not renew the lease in time (it was
+        // frozen, or too slow to reach NATS), so the attempt is not its own any more.
+        let stopped_by = match (stopped_by, exit_code) {
+            (None, Some(code)) if code == i64::from(turnpike_agent_init::EXIT_WATCHDOG) => {
+                warn!("the watchdog stopped the agent: the lease was not renewed in time");
+                Some(StopReason::LeaseLost)
+            }
+            (by, _) => by,
+        };
+        if exit_code.is_none() {
+            return RawExit {
+                stopped_by,
+                ..engine_error(match inspected {
+                    Err(e) => format!("lost track of the container: {e}"),
+                    Ok(_) => "the engine reported no exit code".to_owned(),
+                })
+            };
+        }
+        RawExit {
+            exit_code,
+            signal: None,
+            oom_killed: oom_killed || oom.load(Ordering::SeqCst),
+            stopped_by,
+            ..RawExit::default()
+        }
+    }
+}
+
+impl DockerBackend {
+    /// Wait for the container to exit, stopping it when a stop is asked for; its exit code
+    /// (`None`: the engine lost track of it) and who stopped it. A wait that ends without an
+    /// exit (the engine restarted, the socket dropped, a time-out) never counts as one: the
+    /// engine is asked whether the container still runs, and if it does, it is waited for
+    /// again.
+    async fn wait_exit(
+        &self,
+        id: &str,
+        spec: &RunSpec,
+        stop: &mut watch::Receiver<Option<StopReason>>,
+    ) -> (Option<i64>, Option<StopReason>) {
+        let mut stopped_by = None;
+        let mut waits_lost = 0u32;
+        let mut pauses = turnpike_core::backoff::Backoff::doubling(
+            Duration::from_millis(200),
+            Duration::from_secs(5),
+        );
+        loop {
+            let mut wait = self.docker.wait_container(id, None::<WaitContainerOptions>);
+            let waited = tokio::select! {
+                w = wait.next() => w,
+                reason = wait_stop(stop), if stopped_by.is_none() => {
+                    stopped_by = Some(reason);
+                    let grace = if reason.is_urgent() { 0 } else { spec.stop_grace.as_secs().clamp(1, i32::MAX as u64) as i32 };
+                    let opts = StopContainerOptionsBuilder::new().t(grace).build();
+                    if let Err(e) = self.docker.stop_container(id, Some(opts)).await {
+                        warn!(error = %e, "stopping the container failed; killing it");
+                        let _ = self.docker.kill_container(id, None).await;
+                    }
+                    wait.next().await
+                }
+            };
+            let lost = match waited {
+                Some(Ok(r)) => return (Some(r.status_code), stopped_by),
+                // A non-zero exit is reported as this error: it is a result, not a failure.
+                Some(Err(DockerError::DockerContainerWaitError { code, .. })) => {
+                    return (Some(code), stopped_by)
+                }
+                Some(Err(e)) => e.to_string(),
+                None => "the wait ended without an exit".to_owned(),
+            };
+            // Did it exit, or does it still run?
+            match self.docker.inspect_container(id, None).await {
+                Ok(info) => {
+                    let state = info.state.unwrap_or_default();
+                    if state.running == Some(false) {
+                        return (state.exit_code, stopped_by);
+                    }
+                    warn!(error = %lost, "the wait for the container ended while it still runs; waiting again");
+                }
+                Err(e) => {
+                    warn!(error = %lost, inspect = %e, "the wait for the container failed, and so did asking about it")
+                }
+            }
+            waits_lost += 1;
+            if waits_lost >= WAITS_LOST_MAX {
+                return (None, stopped_by);
+            }
+            tokio::time::sleep(pauses.wait()).await;
+        }
+    }
+}
+
+/// Waits that may end without an exit before the engine is taken to have lost the container
+/// (about five minutes of a failing engine, between waits that back off to 5 s).
+const WAITS_LOST_MAX: u32 = 60;
+
+fn engine_error(message: String) -> RawExit {
+    RawExit {
+        engine_error: Some(message),
+        ..RawExit::default()
+    }
+}
+
+pub(super) fn is_status(e: &DockerError, code: u16) -> bool {
+    matches!(e, DockerError::DockerResponseServerError { status_code, .. } if *status_code == code)
+}
+
+/// The engine answered and said no (missing image, bad config): a retry cannot fix it. Transport
+/// errors and 5xx other than a start refusal are engine failures (retryable deaths).
+pub(super) fn is_refusal(e: &DockerError) -> bool {
+    match e {
+        DockerError::DockerResponseServerError {
+            status_code,
+            message,
+        } => {
+            (400..500).contains(status_code)
+                // The engine reports an entrypoint it cannot exec as a 500 on start.
+                || (*status_code == 500
+                    && (message.contains("executable file not found")
+                        || message.contains("no such file or directory")
+                        || message.contains("exec format error")
+                        || message.contains("permission denied")))
+        }
+        _ => false,
+    }
+}
+
+/// Write the input document, then a heartbeat each time the watchdog's deadline moves (each
+/// lease renewal), until the run is over (the task is aborted) or the deadline's sender is gone
+/// (the watchdog then stops the agent at the last deadline it heard).
+async fn feed(
+    mut stdin: std::pin::Pin<Box<dyn tokio::io::AsyncWrite + Send>>,
+    input: Vec<u8>,
+    mut deadline: watch::Receiver<std::time::Instant>,
+) {
+    use turnpike_agent_init::{beat, header};
+    let mut first = header(input.len());
+    first.extend_from_slice(&input);
+    loop {
+        let until = *deadline.borrow_and_update();
+        first.extend(beat(
+            until.saturating_duration_since(std::time::Instant::now()),
+        ));
+        if stdin.write_all(&first).await.is_err() || stdin.flush().await.is_err() {
+            // The container is gone or going; its watchdog needs nothing more.
+            return;
+        }
+        first.clear();
+        if deadline.changed().await.is_err() {
+            return;
+        }
+    }
+}

@@ -1,0 +1,134 @@
+//! The container every attempt gets: its settings from the config, its body, its entrypoint.
+
+use super::*;
+use bollard::models::{ContainerCreateBody, HostConfig, HostConfigLogConfig, Mount, MountType};
+use bollard::query_parameters::{AttachContainerOptions, AttachContainerOptionsBuilder};
+use std::collections::HashMap;
+use std::time::Duration;
+use turnpike_config::Config;
+use turnpike_core::wire::WorkItem;
+use turnpike_core::RunnerId;
+
+/// The entrypoint of an agent container: the watchdog, the time it may wait for the runner's
+/// first word, then the agent's own command (the image's entrypoint and command).
+pub fn watchdog_command(first: Duration, agent: impl IntoIterator<Item = String>) -> Vec<String> {
+    [INIT_PATH.to_owned(), first.as_millis().to_string()]
+        .into_iter()
+        .chain(agent)
+        .collect()
+}
+
+/// The container every attempt of a runner gets, from its config: image, numeric user, limits,
+/// network, labels, a read-only root. Public for review (`turnpike runner container-spec` prints
+/// it) and so the benchmarks time a bare run of exactly this container.
+#[derive(Debug, Clone)]
+pub struct ContainerSettings {
+    pub(super) runner: RunnerId,
+    pub(super) instance: super::super::tree::Instance,
+    pub(super) deployment: String,
+    pub(super) image: String,
+    pub(super) user: String,
+    pub(super) network_mode: String,
+    pub(super) pids_limit: i64,
+    pub(super) nano_cpus: i64,
+}
+
+impl ContainerSettings {
+    pub fn new(config: &Config, runner: RunnerId) -> Self {
+        ContainerSettings {
+            runner,
+            instance: super::super::tree::Instance::new(),
+            deployment: String::new(),
+            image: config.agent_image.clone(),
+            user: config.agent_user.clone(),
+            network_mode: config.network_mode.clone(),
+            pids_limit: config.pids_limit,
+            nano_cpus: (config.cpus * 1e9) as i64,
+        }
+    }
+
+    /// What an attempt's container is created with: the image, the numeric user, stdin for the
+    /// input document, the limits, the network and the labels; `command` replaces the image's
+    /// entrypoint and command (the watchdog in front of them, [`watchdog_command`]), `None`
+    /// keeps the image's own.
+    pub fn body(
+        &self,
+        work: &WorkItem,
+        memory_limit: u64,
+        command: Option<Vec<String>>,
+    ) -> ContainerCreateBody {
+        let memory = i64::try_from(memory_limit).unwrap_or(i64::MAX);
+        let cmd = command.as_ref().map(|_| Vec::new());
+        ContainerCreateBody {
+            image: Some(self.image.clone()),
+            entrypoint: command,
+            cmd,
+            user: Some(self.user.clone()),
+            attach_stdin: Some(true),
+            attach_stdout: Some(true),
+            attach_stderr: Some(true),
+            open_stdin: Some(true),
+            stdin_once: Some(true),
+            tty: Some(false),
+            env: Some(vec![
+                format!("TURNPIKE_TURN={}", work.turn),
+                format!("TURNPIKE_ATTEMPT={}", work.attempt),
+            ]),
+            labels: Some(HashMap::from([
+                (LABEL_MANAGED.to_owned(), "true".to_owned()),
+                (LABEL_RUNNER.to_owned(), self.runner.to_string()),
+                (LABEL_INSTANCE.to_owned(), self.instance.as_str().to_owned()),
+                (LABEL_DEPLOYMENT.to_owned(), self.deployment.clone()),
+                (LABEL_TURN.to_owned(), work.turn.to_string()),
+                (LABEL_ATTEMPT.to_owned(), work.attempt.to_string()),
+                (LABEL_CHAT.to_owned(), work.chat.to_string()),
+            ])),
+            host_config: Some(HostConfig {
+                memory: Some(memory),
+                memory_swap: Some(memory),
+                pids_limit: Some(self.pids_limit),
+                nano_cpus: Some(self.nano_cpus),
+                network_mode: Some(self.network_mode.clone()),
+                cap_drop: Some(vec!["ALL".to_owned()]),
+                security_opt: Some(vec!["no-new-privileges".to_owned()]),
+                // Nothing of the image can be changed: the agent writes to a small /tmp in
+                // memory (counted against its memory limit), and reads its attachments (and
+                // runs behind the watchdog) from an anonymous volume (the engine copies into a
+                // volume even on a read-only root; it goes with the container, which is removed
+                // with its volumes).
+                readonly_rootfs: Some(true),
+                tmpfs: Some(HashMap::from([(
+                    "/tmp".to_owned(),
+                    format!("rw,noexec,nosuid,size={TMP_BYTES}"),
+                )])),
+                mounts: Some(vec![Mount {
+                    target: Some(RUN_DIR.to_owned()),
+                    typ: Some(MountType::VOLUME),
+                    ..Default::default()
+                }]),
+                // The engine keeps what the agent prints in the container's log too: bounded.
+                log_config: Some(HostConfigLogConfig {
+                    typ: Some("json-file".to_owned()),
+                    config: Some(HashMap::from([
+                        ("max-size".to_owned(), "10m".to_owned()),
+                        ("max-file".to_owned(), "1".to_owned()),
+                    ])),
+                }),
+                auto_remove: Some(false),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+}
+
+/// How an attempt's container is attached, before start: stdin for the input document and both
+/// output streams. Public so that the benchmarks' bare run attaches alike.
+pub fn attach_options() -> AttachContainerOptions {
+    AttachContainerOptionsBuilder::new()
+        .stdin(true)
+        .stdout(true)
+        .stderr(true)
+        .stream(true)
+        .build()
+}

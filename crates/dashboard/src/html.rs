@@ -49,13 +49,7 @@ pub fn layout(ctx: &Ctx, page: &Page) -> Markup {
     html! {
         (DOCTYPE)
         html lang="en" {
-            head {
-                meta charset="utf-8";
-                meta name="viewport" content="width=device-width, initial-scale=1";
-                title { (page.title) " · Turnpike" }
-                link rel="stylesheet" href="/assets/style.css";
-                script src="/assets/app.js" defer {}
-            }
+            (head(&page.title, true))
             body {
                 header {
                     a.brand href="/" { "Turnpike" }
@@ -77,16 +71,24 @@ pub fn layout(ctx: &Ctx, page: &Page) -> Markup {
     }
 }
 
+/// Every page's `<head>`: the title, the style sheet, and the script of pages that re-draw.
+fn head(title: &str, script: bool) -> Markup {
+    html! {
+        head {
+            meta charset="utf-8";
+            meta name="viewport" content="width=device-width, initial-scale=1";
+            title { (title) " · Turnpike" }
+            link rel="stylesheet" href="/assets/style.css";
+            @if script { script src="/assets/app.js" defer {} }
+        }
+    }
+}
+
 pub fn login(error: Option<&str>, next: &str) -> Markup {
     html! {
         (DOCTYPE)
         html lang="en" {
-            head {
-                meta charset="utf-8";
-                meta name="viewport" content="width=device-width, initial-scale=1";
-                title { "Log in · Turnpike" }
-                link rel="stylesheet" href="/assets/style.css";
-            }
+            (head("Log in", false))
             body.login {
                 form method="post" action="/login" {
                     h1 { "Turnpike" }

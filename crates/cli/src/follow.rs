@@ -79,6 +79,39 @@ impl Printer {
 }
 
 /// Upload files to the object store as `<chat>/<message id>/<file name>`.
+/// `turnpike send`: upload the attachments, send the message, and follow the turn to its end.
+pub async fn send_command(
+    config: &turnpike_config::Config,
+    chat: String,
+    id: Option<String>,
+    timeout: std::time::Duration,
+    attach: &[std::path::PathBuf],
+    text: &str,
+) -> anyhow::Result<std::process::ExitCode> {
+    use anyhow::Context;
+    let chat = turnpike_core::ChatId::new(chat).context("--chat")?;
+    let bus = turnpike_jetstream::Bus::connect(config, "turnpike-send").await?;
+    let id = id.unwrap_or_else(|| {
+        format!(
+            "cli-{}-{}",
+            turnpike_jetstream::now().millis(),
+            std::process::id()
+        )
+    });
+    let attachments = upload(&bus, &chat, &id, attach).await?;
+    let outcome = send_and_follow(
+        &bus,
+        &chat,
+        id,
+        attachments,
+        text,
+        timeout,
+        &mut Printer::stdout(),
+    )
+    .await?;
+    Ok(outcome.exit_code())
+}
+
 pub async fn upload(
     bus: &Bus,
     chat: &ChatId,

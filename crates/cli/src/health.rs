@@ -30,6 +30,20 @@ pub enum Check {
 /// How long the whole check may take: container engines kill slower checks anyway.
 const DEADLINE: Duration = Duration::from_secs(8);
 
+/// `turnpike healthcheck`: prints the verdict; the exit code says it to the container engine.
+pub async fn report(check: Check, url: &str, config: Config) -> Result<std::process::ExitCode> {
+    match run(check, url, config).await {
+        Ok(what) => {
+            println!("healthy: {what}");
+            Ok(std::process::ExitCode::SUCCESS)
+        }
+        Err(e) => {
+            println!("unhealthy: {}", crate::cause_chain(&e));
+            Ok(std::process::ExitCode::FAILURE)
+        }
+    }
+}
+
 pub async fn run(check: Check, url: &str, config: Config) -> Result<String> {
     tokio::time::timeout(DEADLINE, check_once(check, url, config))
         .await

@@ -53,7 +53,7 @@ pub async fn run(mut config: Config, demo: bool) -> Result<ExitCode> {
     let shutdown = if demo {
         CancellationToken::new()
     } else {
-        crate::shutdown_on_signal()
+        crate::roles::shutdown_on_signal()
     };
     let mut roles = tokio::task::JoinSet::new();
     // The dashboard, except in the demo (which exits when its script ends). Bound before the
@@ -100,7 +100,7 @@ pub async fn run(mut config: Config, demo: bool) -> Result<ExitCode> {
         let token = shutdown.clone();
         roles.spawn(async move { runner.run(token).await.map_err(anyhow::Error::from) });
     }
-    crate::serve_metrics(&config, metrics, &shutdown).await?;
+    crate::roles::serve_metrics(&config, metrics, &shutdown).await?;
 
     let code = if demo {
         let ok = script(&bus, &config).await?;

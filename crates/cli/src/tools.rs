@@ -1,0 +1,67 @@
+//! One-shot commands that print something an operator installs: the agent container's
+//! settings, the NATS runner accounts, a dashboard password hash.
+
+use anyhow::{Context, Result};
+use std::process::ExitCode;
+use turnpike_config::Config;
+
+/// `turnpike runner container-spec`: the container every attempt of this runner gets.
+pub fn container_spec(config: &Config) -> Result<ExitCode> {
+    let runner = turnpike_runner::runner_id(config);
+    let chat = turnpike_core::ChatId::new("example-chat")?;
+    let message = turnpike_core::wire::InboundMessage::new(chat.clone(), "example", "", None);
+    let work = turnpike_core::wire::WorkItem {
+        v: turnpike_core::FORMAT_VERSION,
+        turn: message.turn(),
+        chat,
+        attempt: 1,
+        max_attempts: config.attempt_limit(),
+        message,
+        history: Vec::new(),
+    };
+    // The image's own entrypoint and command follow the watchdog; read at each attempt.
+    let command = turnpike_runner::backend::watchdog_command(
+        config.lease,
+        ["<the image's entrypoint and command>".to_owned()],
+    );
+    let body = turnpike_runner::backend::ContainerSettings::new(config, runner).body(
+        &work,
+        config.memory_limit.0,
+        Some(command),
+    );
+    println!("{}", serde_json::to_string_pretty(&body)?);
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `turnpike nats-accounts`: the runner users for the runner lines on stdin.
+pub fn nats_accounts(template: Option<std::path::PathBuf>) -> Result<ExitCode> {
+    use std::io::Read;
+    use turnpike_jetstream::accounts;
+    let template = match template {
+        Some(path) => {
+            std::fs::read_to_string(&path).with_context(|| format!("read {}", path.display()))?
+        }
+        None => accounts::TEMPLATE.to_owned(),
+    };
+    let mut input = String::new();
+    std::io::stdin()
+        .read_to_string(&mut input)
+        .context("read runner lines on stdin")?;
+    let runners = accounts::parse_runners(&input)?;
+    print!("{}", accounts::render(&template, &runners)?);
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `turnpike dashboard hash-password`: the hash of the password on stdin.
+pub fn hash_password() -> Result<ExitCode> {
+    let mut line = String::new();
+    std::io::stdin()
+        .read_line(&mut line)
+        .context("read the password on stdin")?;
+    let password = line.trim_end_matches(['\n', '\r']);
+    if password.is_empty() {
+        anyhow::bail!("empty password");
+    }
+    println!("{}", turnpike_dashboard::hash_password(password)?);
+    Ok(ExitCode::SUCCESS)
+}

@@ -237,30 +237,6 @@ pub async fn recent_turn_ids(
 
 use turnpike_core::wire::CountersSnapshot;
 
-fn add(total: &mut CountersSnapshot, o: &CountersSnapshot) {
-    total.turns_done += o.turns_done;
-    total.turns_failed += o.turns_failed;
-    total.turns_gave_up += o.turns_gave_up;
-    total.turns_killed += o.turns_killed;
-    total.silent_turns += o.silent_turns;
-    total.retries_scheduled += o.retries_scheduled;
-    total.runner_lost += o.runner_lost;
-    total.dead_lettered += o.dead_lettered;
-    total.queued_long += o.queued_long;
-    total.events_applied += o.events_applied;
-    total.events_unchanged += o.events_unchanged;
-    let (h, oh) = (&mut total.last_hour, &o.last_hour);
-    h.turns_done += oh.turns_done;
-    h.turns_failed += oh.turns_failed;
-    h.turns_gave_up += oh.turns_gave_up;
-    h.turns_killed += oh.turns_killed;
-    h.silent_turns += oh.silent_turns;
-    h.retries_scheduled += oh.retries_scheduled;
-    h.runner_lost += oh.runner_lost;
-    // The sum covers the shortest window of those added: the latest start.
-    total.window_start_ms = total.window_start_ms.max(o.window_start_ms);
-}
-
 #[derive(Deserialize)]
 struct ServiceStats {
     #[serde(default)]
@@ -306,7 +282,7 @@ pub async fn coordinator_counters(
                     // Every endpoint carries the same process-wide counters: count each process once.
                     if seen.insert(s.id.clone()) {
                         if let Some(c) = s.endpoints.iter().find_map(|e| e.data.clone()) {
-                            add(&mut total, &c);
+                            total.add(&c);
                         }
                     }
                 }

@@ -127,6 +127,40 @@ pub struct HourCounts {
     pub runner_lost: u64,
 }
 
+impl CountersSnapshot {
+    /// Add another process's counts: cluster figures are sums (each event is counted by the one
+    /// coordinator that applied it). The sum's hour covers the shortest window added, the one
+    /// that starts last.
+    pub fn add(&mut self, other: &CountersSnapshot) {
+        self.turns_done += other.turns_done;
+        self.turns_failed += other.turns_failed;
+        self.turns_gave_up += other.turns_gave_up;
+        self.turns_killed += other.turns_killed;
+        self.silent_turns += other.silent_turns;
+        self.retries_scheduled += other.retries_scheduled;
+        self.runner_lost += other.runner_lost;
+        self.dead_lettered += other.dead_lettered;
+        self.queued_long += other.queued_long;
+        self.events_applied += other.events_applied;
+        self.events_unchanged += other.events_unchanged;
+        self.last_hour.add(&other.last_hour);
+        self.window_start_ms = self.window_start_ms.max(other.window_start_ms);
+    }
+}
+
+impl HourCounts {
+    /// Add another process's counts over its hour.
+    pub fn add(&mut self, other: &HourCounts) {
+        self.turns_done += other.turns_done;
+        self.turns_failed += other.turns_failed;
+        self.turns_gave_up += other.turns_gave_up;
+        self.turns_killed += other.turns_killed;
+        self.silent_turns += other.silent_turns;
+        self.retries_scheduled += other.retries_scheduled;
+        self.runner_lost += other.runner_lost;
+    }
+}
+
 /// Who did an operator action, and when.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct OperatorAction {

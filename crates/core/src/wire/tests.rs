@@ -333,3 +333,46 @@ fn an_ops_request_bounds_what_it_records() {
         Ok(())
     );
 }
+
+#[test]
+fn coordinators_counters_add_up_and_their_hour_is_the_shortest() {
+    let one = CountersSnapshot {
+        turns_done: 2,
+        events_applied: 5,
+        last_hour: HourCounts {
+            turns_done: 1,
+            runner_lost: 1,
+            ..HourCounts::default()
+        },
+        window_start_ms: 1_000,
+        ..CountersSnapshot::default()
+    };
+    let other = CountersSnapshot {
+        turns_done: 3,
+        queued_long: 4,
+        last_hour: HourCounts {
+            turns_done: 2,
+            ..HourCounts::default()
+        },
+        window_start_ms: 7_000,
+        ..CountersSnapshot::default()
+    };
+    let mut total = CountersSnapshot::default();
+    total.add(&one);
+    total.add(&other);
+    assert_eq!(
+        total,
+        CountersSnapshot {
+            turns_done: 5,
+            events_applied: 5,
+            queued_long: 4,
+            last_hour: HourCounts {
+                turns_done: 3,
+                runner_lost: 1,
+                ..HourCounts::default()
+            },
+            window_start_ms: 7_000,
+            ..CountersSnapshot::default()
+        }
+    );
+}

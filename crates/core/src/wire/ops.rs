@@ -127,22 +127,31 @@ pub struct HourCounts {
     pub runner_lost: u64,
 }
 
+/// `to.field += from.field` for each counter kept both in total and over the last hour
+/// ([`HourCounts`]'s fields, named once here), then for each `extra` field.
+macro_rules! add_counts {
+    ($to:expr, $from:expr $(, $extra:ident)*) => {
+        add_counts!(@each $to, $from, turns_done, turns_failed, turns_gave_up, turns_killed,
+            silent_turns, retries_scheduled, runner_lost $(, $extra)*)
+    };
+    (@each $to:expr, $from:expr, $($field:ident),+) => {
+        $( $to.$field += $from.$field; )+
+    };
+}
+
 impl CountersSnapshot {
     /// Add another process's counts: cluster figures are sums (each event is counted by the one
     /// coordinator that applied it). The sum's hour covers the shortest window added, the one
     /// that starts last.
     pub fn add(&mut self, other: &CountersSnapshot) {
-        self.turns_done += other.turns_done;
-        self.turns_failed += other.turns_failed;
-        self.turns_gave_up += other.turns_gave_up;
-        self.turns_killed += other.turns_killed;
-        self.silent_turns += other.silent_turns;
-        self.retries_scheduled += other.retries_scheduled;
-        self.runner_lost += other.runner_lost;
-        self.dead_lettered += other.dead_lettered;
-        self.queued_long += other.queued_long;
-        self.events_applied += other.events_applied;
-        self.events_unchanged += other.events_unchanged;
+        add_counts!(
+            self,
+            other,
+            dead_lettered,
+            queued_long,
+            events_applied,
+            events_unchanged
+        );
         self.last_hour.add(&other.last_hour);
         self.window_start_ms = self.window_start_ms.max(other.window_start_ms);
     }
@@ -151,13 +160,7 @@ impl CountersSnapshot {
 impl HourCounts {
     /// Add another process's counts over its hour.
     pub fn add(&mut self, other: &HourCounts) {
-        self.turns_done += other.turns_done;
-        self.turns_failed += other.turns_failed;
-        self.turns_gave_up += other.turns_gave_up;
-        self.turns_killed += other.turns_killed;
-        self.silent_turns += other.silent_turns;
-        self.retries_scheduled += other.retries_scheduled;
-        self.runner_lost += other.runner_lost;
+        add_counts!(self, other);
     }
 }
 

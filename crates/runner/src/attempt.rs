@@ -37,12 +37,29 @@ pub(crate) async fn handle(inner: Arc<Inner>, msg: async_nats::jetstream::Messag
     run(inner, msg, work).instrument(span).await
 }
 
-async fn run(inner: Arc<Inner>, msg: async_nats::jetstream::Message, work: WorkItem) {
-    let published_at = msg
-        .info()
-        .map(|i| Timestamp::from_system_time(SystemTime::from(i.published)))
-        .unwrap_or_else(|_| now());
+/// One attempt on this runner, as its steps: claim it ([`Attempt::claim`]), take its fence
+/// ([`Attempt::fence`]), fetch its attachments ([`Attempt::attachments`]), run it while its
+/// output lands ([`Attempt::run`]), and say how it ended ([`Attempt::exit_report`]), which
+/// `events::report_exit` reports. A step that ends the attempt early returns its exit report.
+struct Attempt {
+    inner: Arc<Inner>,
+    msg: async_nats::jetstream::Message,
+    work: WorkItem,
+    /// When the work item was published: the start of the attempt's time in the queue.
+    published_at: Timestamp,
+    /// Why the run must stop, once something says so (a kill, the lease, the time limit).
+    stop_tx: Arc<watch::Sender<Option<StopReason>>>,
+    stop_rx: watch::Receiver<Option<StopReason>>,
+    /// The fence's sequence once this attempt holds it: the lease loop checks it is still ours.
+    fence_tx: watch::Sender<Option<u64>>,
+    /// When the agent's watchdog must stop it if this runner cannot: moved on by every renewal.
+    watchdog: watch::Receiver<std::time::Instant>,
+}
 
+/// What a step that ends the attempt early leaves to report.
+type Ended = ExitReport;
+
+async fn run(inner: Arc<Inner>, msg: async_nats::jetstream::Message, work: WorkItem) {
     // Listen for kills before claiming: a kill sent at any moment after the claim reaches us.
     // The fence catches any kill the runner's subscription misses (it is plain NATS).
     let (stop_tx, stop_rx) = watch::channel::<Option<StopReason>>(None);
@@ -50,47 +67,263 @@ async fn run(inner: Arc<Inner>, msg: async_nats::jetstream::Message, work: WorkI
     let _kills = inner
         .kills
         .register(&work.turn, work.attempt, stop_tx.clone());
-
-    let claimed_at = std::time::Instant::now();
-    if !crate::claim::take(&inner, &msg, &work).await {
+    let claimed = Attempt::claim(inner.clone(), msg, work, stop_tx, stop_rx).await;
+    let Some((attempt, lease)) = claimed else {
         return;
-    }
-    // The lease, from a heartbeat after the claim until the exit is reported: while it lives
-    // (renewed every heartbeat), the attempt is ours and alive. A lease that lapses is never
-    // renewed again, and stops the run.
-    let (fence_tx, fence_rx) = watch::channel::<Option<u64>>(None);
-    let (watchdog_tx, watchdog_rx) = watch::channel(crate::lease::watchdog_deadline(
-        claimed_at,
-        inner.config.lease,
-        inner.config.heartbeat,
-    ));
-    let lease = crate::lease::keep_alive(
-        inner.clone(),
-        work.turn.clone(),
-        work.attempt,
-        stop_tx.clone(),
-        fence_rx,
-        watchdog_tx,
-        claimed_at,
-    );
-    let fenced = run_fenced(
-        &inner,
-        &msg,
-        &work,
-        published_at,
-        stop_tx,
-        stop_rx,
-        fence_tx,
-        watchdog_rx,
-    )
-    .await;
-    if let Some(mut report) = fenced {
-        report
-            .started
-            .get_or_insert_with(|| attempt_start(&inner, published_at, None));
-        report_exit(&inner, &work, report).await;
+    };
+    if let Some(report) = attempt.settle().await {
+        report_exit(&attempt.inner, &attempt.work, report).await;
     }
     lease.abort();
+}
+
+impl Attempt {
+    /// Claim the attempt and start its lease (from a heartbeat after the claim until the exit
+    /// is reported: while it lives, renewed every heartbeat, the attempt is ours and alive; a
+    /// lease that lapses is never renewed again, and stops the run). `None`: not ours to run.
+    async fn claim(
+        inner: Arc<Inner>,
+        msg: async_nats::jetstream::Message,
+        work: WorkItem,
+        stop_tx: Arc<watch::Sender<Option<StopReason>>>,
+        stop_rx: watch::Receiver<Option<StopReason>>,
+    ) -> Option<(Attempt, tokio::task::JoinHandle<()>)> {
+        let published_at = msg
+            .info()
+            .map(|i| Timestamp::from_system_time(SystemTime::from(i.published)))
+            .unwrap_or_else(|_| now());
+        let claimed_at = std::time::Instant::now();
+        if !crate::claim::take(&inner, &msg, &work).await {
+            return None;
+        }
+        let (fence_tx, fence_rx) = watch::channel::<Option<u64>>(None);
+        let (watchdog_tx, watchdog) = watch::channel(crate::lease::watchdog_deadline(
+            claimed_at,
+            inner.config.lease,
+            inner.config.heartbeat,
+        ));
+        let lease = crate::lease::keep_alive(
+            inner.clone(),
+            work.turn.clone(),
+            work.attempt,
+            stop_tx.clone(),
+            fence_rx,
+            watchdog_tx,
+            claimed_at,
+        );
+        let attempt = Attempt {
+            inner,
+            msg,
+            work,
+            published_at,
+            stop_tx,
+            stop_rx,
+            fence_tx,
+            watchdog,
+        };
+        Some((attempt, lease))
+    }
+
+    /// The claimed attempt's remaining steps; its exit report (`None`: what it landed could not
+    /// be settled; the sweep will).
+    async fn settle(&self) -> Option<ExitReport> {
+        // The claim makes any redelivery harmless from here on, whatever happens next: a plain
+        // ack (no round trip) is enough, since a lost one only brings a delivery the claim turns
+        // away.
+        if let Err(e) = self.msg.ack().await {
+            debug!(error = %e, "ack of the work item failed; the claim keeps it ours");
+        }
+        let mut report = match self.fenced_run().await {
+            Ok(run) => self.exit_report(run).await?,
+            Err(ended) => ended,
+        };
+        report
+            .started
+            .get_or_insert_with(|| attempt_start(&self.inner, self.published_at, None));
+        Some(report)
+    }
+
+    async fn fenced_run(&self) -> Result<Run, Ended> {
+        let fence_seq = self.fence().await?;
+        // Kept until the run is over: the backend reads the files from it.
+        let spool = self.attachments().await?;
+        Ok(self.run(fence_seq, &spool).await)
+    }
+
+    /// Take the fence: from here on, this attempt's bot messages land only while the turn's
+    /// fence is ours. Taken by compare-and-set, so a kill or a loss decided before this point is
+    /// never overrun. A NATS failure is tried again: nothing has run, and an attempt spent on a
+    /// leader election would be one less for the agent. While the lease is renewed nothing is
+    /// lost by waiting (a stream's election can outlast a lease); the run's own time limit
+    /// bounds it.
+    async fn fence(&self) -> Result<u64, Ended> {
+        use turnpike_core::wire::ExitClass;
+        let (inner, work) = (&self.inner, &self.work);
+        let taken = patiently(
+            &self.stop_rx,
+            inner.config.run_timeout,
+            || turnpike_store::fence::take(&inner.bus, &work.turn, work.attempt, &inner.id),
+            turnpike_jetstream::BusError::is_transient,
+        )
+        .await;
+        let seq = match taken {
+            Ok(Taken::Ours(seq)) => seq,
+            Ok(Taken::Killed) => {
+                info!("the turn was killed before the attempt started; not running it");
+                return Err(ExitReport::without_output(
+                    ExitClass::OperatorKilled,
+                    "killed by an operator before it started",
+                    now(),
+                ));
+            }
+            Ok(Taken::Lost) => {
+                info!("the attempt was declared lost before it started; not running it");
+                return Err(ExitReport::without_output(
+                    ExitClass::RunnerLost,
+                    "declared lost before it started",
+                    now(),
+                ));
+            }
+            Err(gave_up) => {
+                // Without the fence nothing can land safely. Report a death so the coordinator
+                // decides (a retry, if the budget allows).
+                warn!(error = %gave_up.error, stopped = ?gave_up.stopped, "cannot take the attempt fence");
+                return Err(gave_up.report("cannot take the fence"));
+            }
+        };
+        self.fence_tx.send_replace(Some(seq));
+        Ok(seq)
+    }
+
+    /// Fetch the attachments into a spool on disk. An object store that does not answer is
+    /// tried again, as the fence is; an attachment refused for good means the agent cannot
+    /// start.
+    async fn attachments(&self) -> Result<crate::attachments::Spool, Ended> {
+        use crate::attachments::AttachmentError;
+        let (inner, work) = (&self.inner, &self.work);
+        let fetched = patiently(
+            &self.stop_rx,
+            inner.config.run_timeout,
+            || crate::attachments::fetch(&inner.bus, &inner.config, work),
+            |e| matches!(e, AttachmentError::Unavailable(_)),
+        )
+        .await;
+        fetched.map_err(|gave_up| match gave_up.error {
+            AttachmentError::Refused(e) => {
+                warn!(error = %e, "attachments refused");
+                ExitReport::without_output(
+                    turnpike_core::wire::ExitClass::CouldNotStart,
+                    e,
+                    now(),
+                )
+            }
+            AttachmentError::Unavailable(_) => {
+                warn!(error = %gave_up.error, stopped = ?gave_up.stopped, "attachments unavailable; the attempt dies and may be retried");
+                gave_up.report("attachments unavailable")
+            }
+        })
+    }
+
+    /// Run the agent on the backend while its output lands on the chat, under fence `fence_seq`,
+    /// until it exits or is stopped.
+    async fn run(&self, fence_seq: u64, spool: &crate::attachments::Spool) -> Run {
+        let (inner, work) = (&self.inner, &self.work);
+        let spec = RunSpec {
+            work: work.clone(),
+            attachments: spool.files.clone(),
+            memory_limit: inner.config.memory_limit.0,
+            stop_grace: inner.config.stop_grace,
+            watchdog: self.watchdog.clone(),
+        };
+        let (out_tx, mut out_rx) = mpsc::channel::<Output>(64);
+        // The time limit and a hard stop of the runner (operator kills are routed by `kills`).
+        let causes = crate::stop::Causes::watch(inner, &self.stop_tx);
+        let backend_inner = inner.clone();
+        let stop_rx = self.stop_rx.clone();
+        let run =
+            tokio::spawn(async move { backend_inner.backend.run(&spec, out_tx, stop_rx).await });
+        let mut lander = crate::land::Lander::new(inner, work, fence_seq);
+        let mut started_at = None;
+        while let Some(chunk) = out_rx.recv().await {
+            match chunk {
+                // Only now is the turn running: the agent has started.
+                Output::Started => {
+                    started_at = Some(now());
+                    let started = RunnerEventKind::Started {
+                        published_at: self.published_at,
+                    };
+                    emit(inner, work, "started", started).await;
+                    info!("attempt started");
+                }
+                Output::Stdout(bytes) => lander.stdout(&bytes, &self.stop_tx).await,
+                Output::Stderr(bytes) => {
+                    for line in String::from_utf8_lossy(&bytes).lines() {
+                        // What an agent prints is quoted cut short, like every value from outside.
+                        debug!(stderr = %turnpike_core::sizes::quote(line), "agent");
+                    }
+                }
+            }
+        }
+        let landing = lander.finish(&self.stop_tx).await;
+        let raw = match run.await {
+            Ok(raw) => raw,
+            Err(e) => turnpike_core::exit::RawExit {
+                engine_error: Some(format!("backend task failed: {e}")),
+                ..Default::default()
+            },
+        };
+        drop(causes);
+        Run {
+            raw,
+            landing,
+            started_at,
+        }
+    }
+
+    /// How the run ended, classified; `None` if what it landed could not be settled.
+    async fn exit_report(&self, run: Run) -> Option<ExitReport> {
+        let Run {
+            raw,
+            landing,
+            started_at,
+        } = run;
+        let class = classify(&raw, landing.verdict, landing.any_output);
+        // Record who stopped the run, when the runner did.
+        let stopped = raw
+            .stopped_by
+            .map(|why| format!("stopped by the runner: {why:?}"));
+        let error = raw
+            .start_error
+            .clone()
+            .or(raw.engine_error.clone())
+            .or(stopped)
+            .or(landing.verdict_error.clone());
+        info!(?class, exit_code = ?raw.exit_code, signal = ?raw.signal, landed = landing.landed.count, cut = landing.cut, "attempt ended");
+        let mut report = ExitReport {
+            class,
+            exit_code: raw.exit_code,
+            signal: raw.signal,
+            error,
+            messages_landed: landing.landed.count,
+            reply_span: landing.landed.span,
+            output_cut: landing.cut,
+            ended_at: now(),
+            started: Some(attempt_start(&self.inner, self.published_at, started_at)),
+        }
+        .bounded();
+        if landing.uncertain {
+            crate::claim::settle_uncertain(&self.inner, &self.work, &mut report).await?;
+        }
+        Some(report)
+    }
+}
+
+/// A run that went through: how the process ended, what of its output landed, and when the
+/// agent started (`None`: it never did).
+struct Run {
+    raw: turnpike_core::exit::RawExit,
+    landing: crate::land::Landing,
+    started_at: Option<Timestamp>,
 }
 
 /// Who ran the attempt and when, as its exit report says (`started_at: None`: the agent never
@@ -171,178 +404,6 @@ where
             _ = stop.changed() => {}
         }
     }
-}
-
-/// Take the fence and, if it is ours, run the attempt; returns its exit report (`None`: what it
-/// landed could not be settled; the sweep will).
-#[allow(clippy::too_many_arguments)]
-async fn run_fenced(
-    inner: &Arc<Inner>,
-    msg: &async_nats::jetstream::Message,
-    work: &WorkItem,
-    published_at: Timestamp,
-    stop_tx: Arc<watch::Sender<Option<StopReason>>>,
-    stop_rx: watch::Receiver<Option<StopReason>>,
-    fence_tx: watch::Sender<Option<u64>>,
-    watchdog: watch::Receiver<std::time::Instant>,
-) -> Option<ExitReport> {
-    use turnpike_core::wire::ExitClass;
-    // The claim makes any redelivery harmless from here on, whatever happens next: a plain ack
-    // (no round trip) is enough, since a lost one only brings a delivery the claim turns away.
-    if let Err(e) = msg.ack().await {
-        debug!(error = %e, "ack of the work item failed; the claim keeps it ours");
-    }
-    // Fence: from here on, this attempt's bot messages land only while the turn's fence is ours.
-    // Taken by compare-and-set, so a kill or a loss decided before this point is never overrun.
-    // A NATS failure is tried again: nothing has run, and an attempt spent on a leader election
-    // would be one less for the agent. While the lease is renewed nothing is lost by waiting (a
-    // stream's election can outlast a lease); the run's own time limit bounds it.
-    let taken = patiently(
-        &stop_rx,
-        inner.config.run_timeout,
-        || turnpike_store::fence::take(&inner.bus, &work.turn, work.attempt, &inner.id),
-        turnpike_jetstream::BusError::is_transient,
-    )
-    .await;
-    let fence_seq = match taken {
-        Ok(Taken::Ours(seq)) => seq,
-        Ok(Taken::Killed) => {
-            info!("the turn was killed before the attempt started; not running it");
-            return Some(ExitReport::without_output(
-                ExitClass::OperatorKilled,
-                "killed by an operator before it started",
-                now(),
-            ));
-        }
-        Ok(Taken::Lost) => {
-            info!("the attempt was declared lost before it started; not running it");
-            return Some(ExitReport::without_output(
-                ExitClass::RunnerLost,
-                "declared lost before it started",
-                now(),
-            ));
-        }
-        Err(gave_up) => {
-            // Without the fence nothing can land safely. Report a death so the coordinator
-            // decides (a retry, if the budget allows).
-            warn!(error = %gave_up.error, stopped = ?gave_up.stopped, "cannot take the attempt fence");
-            return Some(gave_up.report("cannot take the fence"));
-        }
-    };
-    fence_tx.send_replace(Some(fence_seq));
-
-    // Kept until the run is over: the backend reads the files from it. An object store that
-    // does not answer is tried again, as the fence is.
-    let fetched = patiently(
-        &stop_rx,
-        inner.config.run_timeout,
-        || crate::attachments::fetch(&inner.bus, &inner.config, work),
-        |e| matches!(e, crate::attachments::AttachmentError::Unavailable(_)),
-    )
-    .await;
-    let spool = match fetched {
-        Ok(s) => s,
-        Err(GaveUp {
-            error: crate::attachments::AttachmentError::Refused(e),
-            ..
-        }) => {
-            warn!(error = %e, "attachments refused");
-            return Some(ExitReport::without_output(
-                ExitClass::CouldNotStart,
-                e,
-                now(),
-            ));
-        }
-        Err(gave_up) => {
-            warn!(error = %gave_up.error, stopped = ?gave_up.stopped, "attachments unavailable; the attempt dies and may be retried");
-            return Some(gave_up.report("attachments unavailable"));
-        }
-    };
-
-    let spec = RunSpec {
-        work: work.clone(),
-        attachments: spool.files.clone(),
-        memory_limit: inner.config.memory_limit.0,
-        stop_grace: inner.config.stop_grace,
-        watchdog,
-    };
-    let (out_tx, mut out_rx) = mpsc::channel::<Output>(64);
-
-    // The time limit and a hard stop of the runner (operator kills are routed by `kills`).
-    let causes = crate::stop::Causes::watch(inner, &stop_tx);
-
-    let backend_inner = inner.clone();
-    let backend_spec = spec.clone();
-    let run = tokio::spawn(async move {
-        backend_inner
-            .backend
-            .run(&backend_spec, out_tx, stop_rx)
-            .await
-    });
-
-    let mut lander = crate::land::Lander::new(inner, work, fence_seq);
-    let mut started_at = None;
-    while let Some(chunk) = out_rx.recv().await {
-        match chunk {
-            // Only now is the turn running: the agent has started.
-            Output::Started => {
-                started_at = Some(now());
-                emit(
-                    inner,
-                    work,
-                    "started",
-                    RunnerEventKind::Started { published_at },
-                )
-                .await;
-                info!("attempt started");
-            }
-            Output::Stdout(bytes) => lander.stdout(&bytes, &stop_tx).await,
-            Output::Stderr(bytes) => {
-                for line in String::from_utf8_lossy(&bytes).lines() {
-                    // What an agent prints is quoted cut short, like every value from outside.
-                    debug!(stderr = %turnpike_core::sizes::quote(line), "agent");
-                }
-            }
-        }
-    }
-    let landing = lander.finish(&stop_tx).await;
-    let raw = match run.await {
-        Ok(raw) => raw,
-        Err(e) => turnpike_core::exit::RawExit {
-            engine_error: Some(format!("backend task failed: {e}")),
-            ..Default::default()
-        },
-    };
-    drop(causes);
-
-    let class = classify(&raw, landing.verdict, landing.any_output);
-    // Record who stopped the run, when the runner did.
-    let stopped = raw
-        .stopped_by
-        .map(|why| format!("stopped by the runner: {why:?}"));
-    let error = raw
-        .start_error
-        .clone()
-        .or(raw.engine_error.clone())
-        .or(stopped)
-        .or(landing.verdict_error.clone());
-    info!(?class, exit_code = ?raw.exit_code, signal = ?raw.signal, landed = landing.landed.count, cut = landing.cut, "attempt ended");
-    let mut report = ExitReport {
-        class,
-        exit_code: raw.exit_code,
-        signal: raw.signal,
-        error,
-        messages_landed: landing.landed.count,
-        reply_span: landing.landed.span,
-        output_cut: landing.cut,
-        ended_at: now(),
-        started: Some(attempt_start(inner, published_at, started_at)),
-    }
-    .bounded();
-    if landing.uncertain {
-        crate::claim::settle_uncertain(inner, work, &mut report).await?;
-    }
-    Some(report)
 }
 
 #[cfg(test)]

@@ -54,46 +54,78 @@ impl ProcessBackend {
         &self.instance
     }
 
+    /// Run one attempt, in its phases: create (a fresh directory with the attachments, the
+    /// input document, the command), start (spawn, then the memory limit), watch (until it
+    /// exits or is stopped), collect (its output settled, how it ended).
     pub async fn run(
         &self,
         spec: &RunSpec,
         out: mpsc::Sender<Output>,
         mut stop: watch::Receiver<Option<StopReason>>,
     ) -> RawExit {
+        let created = match self.create(spec).await {
+            Ok(c) => c,
+            Err(raw) => return raw,
+        };
+        if let Some(stopped) = super::stopped_before_start(&stop) {
+            return stopped;
+        }
+        let (mut child, pid) = match self.start(created.command, spec.memory_limit).await {
+            Ok(started) => started,
+            Err(raw) => return raw,
+        };
+        // Only now is the agent running within its limits.
+        let _ = out.send(Output::Started).await;
+        let input = created.input;
+        let stdin = child.stdin.take();
+        let feeder = tokio::spawn(async move {
+            if let Some(mut stdin) = stdin {
+                // An agent that exits without reading its input is not an error here.
+                let _ = stdin.write_all(&input).await;
+                let _ = stdin.shutdown().await;
+            }
+        });
+        let stdout = child
+            .stdout
+            .take()
+            .map(|s| pump(s, out.clone(), Output::Stdout));
+        let stderr = child
+            .stderr
+            .take()
+            .map(|s| pump(s, out.clone(), Output::Stderr));
+        drop(out);
+        let (status, stopped_by) = watch_run(&mut child, pid, &mut stop, spec.stop_grace).await;
+        // Grandchildren may still hold the pipes: end the whole group, and any process of the
+        // run that left it; never wait for output once the run is over.
+        let _ = kill_process_group(pid, Signal::KILL);
+        feeder.abort();
+        let run = (
+            self.instance.clone(),
+            spec.work.turn.to_string(),
+            spec.work.attempt,
+        );
+        let _ = settle(stdout, &run).await;
+        let stderr_tail = settle(stderr, &run).await.unwrap_or_default();
+        drop(created.dir);
+        collect(status, stopped_by, &stderr_tail)
+    }
+
+    /// The attempt's fresh working directory (its attachments under `attachments/`), its input
+    /// document, and the command that will run it there.
+    async fn create(&self, spec: &RunSpec) -> Result<Created, RawExit> {
         let work = &spec.work;
         let prefix = format!("turnpike-{}-{}-", work.turn, work.attempt);
         // Directory calls block (on a journalled disk, behind I/O): keep them off the runtime's
         // workers, which also drive this runner's NATS connection and its leases.
-        let dir = match AttemptDir::make(self.scratch.as_deref(), &prefix, &work.turn).await {
-            Ok(d) => d,
-            Err(e) => return engine_error(format!("cannot create the attempt's temp dir: {e}")),
-        };
-        let att_dir = dir.path().join("attachments");
-        let mut paths = Vec::new();
-        if !spec.attachments.is_empty() {
-            if let Err(e) = tokio::fs::create_dir(&att_dir).await {
-                return engine_error(format!("cannot create {}: {e}", att_dir.display()));
-            }
-            for a in &spec.attachments {
-                let path = att_dir.join(&a.name);
-                // A hard link when the spool shares the file system, else a copy: never in memory.
-                let placed = match tokio::fs::hard_link(&a.path, &path).await {
-                    Ok(()) => Ok(()),
-                    Err(_) => tokio::fs::copy(&a.path, &path).await.map(drop),
-                };
-                if let Err(e) = placed {
-                    return engine_error(format!("cannot place {}: {e}", path.display()));
-                }
-                paths.push(path.to_string_lossy().into_owned());
-            }
-        }
-        let input = match serde_json::to_vec(&AgentInput::from_work(work, paths)) {
-            Ok(i) => i,
-            Err(e) => return engine_error(format!("cannot encode the input document: {e}")),
-        };
-
-        let mut cmd = Command::new(&self.argv[0]);
-        cmd.args(&self.argv[1..])
+        let dir = AttemptDir::make(self.scratch.as_deref(), &prefix, &work.turn)
+            .await
+            .map_err(|e| engine_error(format!("cannot create the attempt's temp dir: {e}")))?;
+        let paths = place_attachments(&dir.path().join("attachments"), spec).await?;
+        let input = serde_json::to_vec(&AgentInput::from_work(work, paths))
+            .map_err(|e| engine_error(format!("cannot encode the input document: {e}")))?;
+        let mut command = Command::new(&self.argv[0]);
+        command
+            .args(&self.argv[1..])
             .current_dir(dir.path())
             .env_clear()
             .env("PATH", std::env::var_os("PATH").unwrap_or_default())
@@ -110,98 +142,120 @@ impl ProcessBackend {
             .stderr(Stdio::piped())
             .kill_on_drop(true)
             .process_group(0);
-        if let Some(stopped) = super::stopped_before_start(&stop) {
-            return stopped;
-        }
-        let mut child = match cmd.spawn() {
-            Ok(c) => c,
-            Err(e) => {
-                return RawExit {
-                    start_error: Some(format!("cannot start {:?}: {e}", self.argv[0])),
-                    ..RawExit::default()
-                }
-            }
-        };
+        Ok(Created {
+            dir,
+            input,
+            command,
+        })
+    }
+
+    /// Spawn the agent and bound its memory. The agent gets its input only after the limit is
+    /// in place, so its work is bounded. What its runtime maps before the limit is not: an
+    /// allocator that reserves more address space than the limit at start-up (mimalloc's arena
+    /// did, in the benchmarks) fails later maps at random. Setting the limit before exec needs
+    /// `pre_exec` (unsafe); use Docker for real isolation.
+    async fn start(
+        &self,
+        mut command: Command,
+        memory_limit: u64,
+    ) -> Result<(tokio::process::Child, Pid), RawExit> {
+        let mut child = command.spawn().map_err(|e| RawExit {
+            start_error: Some(format!("cannot start {:?}: {e}", self.argv[0])),
+            ..RawExit::default()
+        })?;
         let Some(pid) = child.id().and_then(|id| Pid::from_raw(id as i32)) else {
-            return engine_error("the agent exited before its limits could be set".into());
+            return Err(engine_error(
+                "the agent exited before its limits could be set".into(),
+            ));
         };
-        // The agent gets its input only after the limit is in place, so its work is bounded. What
-        // its runtime maps before this line is not: an allocator that reserves more address space
-        // than the limit at start-up (mimalloc's arena did, in the benchmarks) fails later maps at
-        // random. Setting the limit before exec needs `pre_exec` (unsafe); use Docker for real
-        // isolation.
         let limit = Rlimit {
-            current: Some(spec.memory_limit),
-            maximum: Some(spec.memory_limit),
+            current: Some(memory_limit),
+            maximum: Some(memory_limit),
         };
         if let Err(e) = prlimit(Some(pid), Resource::As, limit) {
             let _ = kill_process_group(pid, Signal::KILL);
             let _ = child.wait().await;
-            return engine_error(format!("cannot set the memory limit: {e}"));
+            return Err(engine_error(format!("cannot set the memory limit: {e}")));
         }
+        Ok((child, pid))
+    }
+}
 
-        // Only now is the agent running within its limits.
-        let _ = out.send(Output::Started).await;
-        let stdin = child.stdin.take();
-        let feeder = tokio::spawn(async move {
-            if let Some(mut stdin) = stdin {
-                // An agent that exits without reading its input is not an error here.
-                let _ = stdin.write_all(&input).await;
-                let _ = stdin.shutdown().await;
-            }
-        });
-        let readers = [
-            child
-                .stdout
-                .take()
-                .map(|s| pump(s, out.clone(), Output::Stdout)),
-            child
-                .stderr
-                .take()
-                .map(|s| pump(s, out.clone(), Output::Stderr)),
-        ];
-        let [stdout_reader, stderr_reader] = readers;
-        drop(out);
+/// What [`ProcessBackend::create`] made ready: the directory lives until the run is over.
+struct Created {
+    dir: AttemptDir,
+    input: Vec<u8>,
+    command: Command,
+}
 
-        let mut stopped_by = None;
-        let status = tokio::select! {
-            status = child.wait() => status,
-            reason = wait_stop(&mut stop) => {
-                stopped_by = Some(reason);
-                let grace = if reason.is_urgent() { std::time::Duration::ZERO } else { spec.stop_grace };
-                let _ = kill_process_group(pid, Signal::TERM);
-                match tokio::time::timeout(grace, child.wait()).await {
-                    Ok(status) => status,
-                    Err(_) => {
-                        let _ = kill_process_group(pid, Signal::KILL);
-                        child.wait().await
-                    }
-                }
-            }
+/// The attachments, under `dir` (made only if there are any); their paths as the agent sees them.
+async fn place_attachments(dir: &std::path::Path, spec: &RunSpec) -> Result<Vec<String>, RawExit> {
+    let mut paths = Vec::new();
+    if spec.attachments.is_empty() {
+        return Ok(paths);
+    }
+    tokio::fs::create_dir(dir)
+        .await
+        .map_err(|e| engine_error(format!("cannot create {}: {e}", dir.display())))?;
+    for a in &spec.attachments {
+        let path = dir.join(&a.name);
+        // A hard link when the spool shares the file system, else a copy: never in memory.
+        let placed = match tokio::fs::hard_link(&a.path, &path).await {
+            Ok(()) => Ok(()),
+            Err(_) => tokio::fs::copy(&a.path, &path).await.map(drop),
         };
-        // Grandchildren may still hold the pipes: end the whole group, and any process of the
-        // run that left it; never wait for output once the run is over.
-        let _ = kill_process_group(pid, Signal::KILL);
-        feeder.abort();
-        let run = (self.instance.clone(), work.turn.to_string(), work.attempt);
-        let _ = settle(stdout_reader, &run).await;
-        let stderr_tail = settle(stderr_reader, &run).await.unwrap_or_default();
-        drop(dir);
-        match status {
-            Ok(status) => {
-                let mut raw = from_status(status, stopped_by);
-                let died = raw.signal.is_some() || raw.exit_code.is_some_and(|c| c != 0);
-                raw.oom_killed = died
-                    && stopped_by.is_none()
-                    && ran_out_of_memory(&String::from_utf8_lossy(&stderr_tail));
-                raw
-            }
-            Err(e) => {
-                warn!(error = %e, "lost track of the agent process");
-                RawExit {
-                    stopped_by,
-                    ..engine_error(format!("waiting for the agent failed: {e}"))
+        placed.map_err(|e| engine_error(format!("cannot place {}: {e}", path.display())))?;
+        paths.push(path.to_string_lossy().into_owned());
+    }
+    Ok(paths)
+}
+
+/// Wait until the agent exits or a stop comes; on a stop, TERM its process group, then KILL it
+/// after `grace` (none for an urgent stop). Returns how it exited and what stopped it.
+async fn watch_run(
+    child: &mut tokio::process::Child,
+    pid: Pid,
+    stop: &mut watch::Receiver<Option<StopReason>>,
+    grace: std::time::Duration,
+) -> (std::io::Result<ExitStatus>, Option<StopReason>) {
+    tokio::select! {
+        status = child.wait() => (status, None),
+        reason = wait_stop(stop) => {
+            let grace = if reason.is_urgent() { std::time::Duration::ZERO } else { grace };
+            let _ = kill_process_group(pid, Signal::TERM);
+            let status = match tokio::time::timeout(grace, child.wait()).await {
+                Ok(status) => status,
+                Err(_) => {
+                    let _ = kill_process_group(pid, Signal::KILL);
+                    child.wait().await
                 }
+            };
+            (status, Some(reason))
+        }
+    }
+}
+
+/// How the run ended, from its exit status and the tail of what it wrote to stderr (which tells
+/// an out-of-memory death, see [`ran_out_of_memory`]).
+fn collect(
+    status: std::io::Result<ExitStatus>,
+    stopped_by: Option<StopReason>,
+    stderr_tail: &[u8],
+) -> RawExit {
+    match status {
+        Ok(status) => {
+            let mut raw = from_status(status, stopped_by);
+            let died = raw.signal.is_some() || raw.exit_code.is_some_and(|c| c != 0);
+            raw.oom_killed = died
+                && stopped_by.is_none()
+                && ran_out_of_memory(&String::from_utf8_lossy(stderr_tail));
+            raw
+        }
+        Err(e) => {
+            warn!(error = %e, "lost track of the agent process");
+            RawExit {
+                stopped_by,
+                ..engine_error(format!("waiting for the agent failed: {e}"))
             }
         }
     }

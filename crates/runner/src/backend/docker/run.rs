@@ -17,6 +17,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::AsyncWriteExt;
 use tokio::sync::{mpsc, watch};
+use tokio_util::task::AbortOnDropHandle;
 use tracing::{debug, warn};
 use turnpike_core::exit::{RawExit, StopReason};
 use turnpike_core::wire::AgentInput;
@@ -92,6 +93,9 @@ impl DockerBackend {
         raw
     }
 
+    /// A created container's run, in its phases: fill (the watchdog and attachments copied
+    /// in), start (attached first, so no output is missed), watch (until it exits or is
+    /// stopped), collect (how it ended, as the engine tells it).
     async fn run_created(
         &self,
         id: &str,
@@ -100,99 +104,19 @@ impl DockerBackend {
         out: mpsc::Sender<Output>,
         mut stop: watch::Receiver<Option<StopReason>>,
     ) -> RawExit {
-        let tar = match run_dir_tar(self.init.clone(), spec.attachments.clone()).await {
-            Ok(t) => t,
-            Err(e) => {
-                return engine_error(format!("cannot pack the watchdog and attachments: {e}"))
-            }
-        };
-        let opts = UploadToContainerOptionsBuilder::new().path(RUN_DIR).build();
-        let body = bollard::body_try_stream(tokio_util::io::ReaderStream::new(tar));
-        if let Err(e) = self.docker.upload_to_container(id, Some(opts), body).await {
-            return engine_error(format!(
-                "copying the watchdog and attachments into the container failed: {e}"
-            ));
+        if let Err(raw) = self.fill(id, spec).await {
+            return raw;
         }
-
         // The engine's oom event: State.OOMKilled alone misses a child killed inside the cgroup.
         let oom = Arc::new(AtomicBool::new(false));
-        let oom_watch = {
-            let docker = self.docker.clone();
-            let oom = oom.clone();
-            let filters: HashMap<&str, Vec<String>> = HashMap::from([
-                ("type", vec!["container".to_owned()]),
-                ("event", vec!["oom".to_owned()]),
-                ("container", vec![id.to_owned()]),
-            ]);
-            let opts = EventsOptionsBuilder::new().filters(&filters).build();
-            tokio::spawn(async move {
-                let mut events = docker.events(Some(opts));
-                while let Some(ev) = events.next().await {
-                    if ev.is_ok() {
-                        oom.store(true, Ordering::SeqCst);
-                    }
-                }
-            })
+        let _oom_watch = AbortOnDropHandle::new(self.watch_oom(id, oom.clone()));
+        let attach = match self.start(id, spec, &stop).await {
+            Ok(attach) => attach,
+            Err(raw) => return raw,
         };
-
-        // Attach before start, so no output is missed.
-        let attach = self
-            .docker
-            .attach_container(id, Some(attach_options()))
-            .await;
-        let attach = match attach {
-            Ok(a) => a,
-            Err(e) => {
-                oom_watch.abort();
-                return engine_error(format!("attaching to the container failed: {e}"));
-            }
-        };
-        if let Some(stopped) = super::super::stopped_before_start(&stop) {
-            oom_watch.abort();
-            return stopped;
-        }
-        // Past the watchdog's deadline (this runtime froze during the create): the attempt may
-        // be another's by now. The watchdog would not start the agent either.
-        if *spec.watchdog.borrow() <= std::time::Instant::now() {
-            oom_watch.abort();
-            return RawExit {
-                stopped_by: Some(StopReason::LeaseLost),
-                ..RawExit::default()
-            };
-        }
-        if let Err(e) = self.docker.start_container(id, None).await {
-            oom_watch.abort();
-            return if is_refusal(&e) {
-                RawExit {
-                    start_error: Some(format!("the container would not start: {e}")),
-                    ..RawExit::default()
-                }
-            } else {
-                engine_error(format!("starting the container failed: {e}"))
-            };
-        }
         let _ = out.send(Output::Started).await;
         let feeder = tokio::spawn(feed(attach.input, input, spec.watchdog.clone()));
-        let mut output = attach.output;
-        let pump = tokio::spawn(async move {
-            while let Some(item) = output.next().await {
-                let chunk = match item {
-                    Ok(LogOutput::StdOut { message }) | Ok(LogOutput::Console { message }) => {
-                        Output::Stdout(message)
-                    }
-                    Ok(LogOutput::StdErr { message }) => Output::Stderr(message),
-                    Ok(LogOutput::StdIn { .. }) => continue,
-                    Err(e) => {
-                        debug!(error = %e, "attach stream ended");
-                        break;
-                    }
-                };
-                if out.send(chunk).await.is_err() {
-                    break;
-                }
-            }
-        });
-
+        let pump = tokio::spawn(pump(attach.output, out));
         let (wait_code, stopped_by) = self.wait_exit(id, spec, &mut stop).await;
         // The attach stream can stay open after exit: drain briefly, then let go.
         if tokio::time::timeout(Duration::from_secs(2), pump)
@@ -202,13 +126,94 @@ impl DockerBackend {
             debug!("attach stream still open after exit");
         }
         feeder.abort();
+        self.collect(id, wait_code, stopped_by, &oom).await
+    }
+
+    /// Copy the watchdog and the attachments into the container's run directory.
+    async fn fill(&self, id: &str, spec: &RunSpec) -> Result<(), RawExit> {
+        let tar = run_dir_tar(self.init.clone(), spec.attachments.clone())
+            .await
+            .map_err(|e| engine_error(format!("cannot pack the watchdog and attachments: {e}")))?;
+        let opts = UploadToContainerOptionsBuilder::new().path(RUN_DIR).build();
+        let body = bollard::body_try_stream(tokio_util::io::ReaderStream::new(tar));
+        self.docker
+            .upload_to_container(id, Some(opts), body)
+            .await
+            .map_err(|e| {
+                engine_error(format!(
+                    "copying the watchdog and attachments into the container failed: {e}"
+                ))
+            })
+    }
+
+    /// Set `oom` when the engine reports the container's cgroup killed a process for memory.
+    fn watch_oom(&self, id: &str, oom: Arc<AtomicBool>) -> tokio::task::JoinHandle<()> {
+        let docker = self.docker.clone();
+        let filters: HashMap<&str, Vec<String>> = HashMap::from([
+            ("type", vec!["container".to_owned()]),
+            ("event", vec!["oom".to_owned()]),
+            ("container", vec![id.to_owned()]),
+        ]);
+        let opts = EventsOptionsBuilder::new().filters(&filters).build();
+        tokio::spawn(async move {
+            let mut events = docker.events(Some(opts));
+            while let Some(ev) = events.next().await {
+                if ev.is_ok() {
+                    oom.store(true, Ordering::SeqCst);
+                }
+            }
+        })
+    }
+
+    /// Attach, then start the container, unless the attempt was stopped meanwhile or is past
+    /// its watchdog's deadline.
+    async fn start(
+        &self,
+        id: &str,
+        spec: &RunSpec,
+        stop: &watch::Receiver<Option<StopReason>>,
+    ) -> Result<bollard::container::AttachContainerResults, RawExit> {
+        let attach = self
+            .docker
+            .attach_container(id, Some(attach_options()))
+            .await
+            .map_err(|e| engine_error(format!("attaching to the container failed: {e}")))?;
+        if let Some(stopped) = super::super::stopped_before_start(stop) {
+            return Err(stopped);
+        }
+        // Past the watchdog's deadline (this runtime froze during the create): the attempt may
+        // be another's by now. The watchdog would not start the agent either.
+        if *spec.watchdog.borrow() <= std::time::Instant::now() {
+            return Err(RawExit {
+                stopped_by: Some(StopReason::LeaseLost),
+                ..RawExit::default()
+            });
+        }
+        match self.docker.start_container(id, None).await {
+            Ok(()) => Ok(attach),
+            Err(e) if is_refusal(&e) => Err(RawExit {
+                start_error: Some(format!("the container would not start: {e}")),
+                ..RawExit::default()
+            }),
+            Err(e) => Err(engine_error(format!("starting the container failed: {e}"))),
+        }
+    }
+
+    /// How the container ended: the exit code from the wait or else the engine's state, an
+    /// out-of-memory kill from the state or the oom event, and the watchdog's stop named.
+    async fn collect(
+        &self,
+        id: &str,
+        wait_code: Option<i64>,
+        stopped_by: Option<StopReason>,
+        oom: &AtomicBool,
+    ) -> RawExit {
         let inspected = self.docker.inspect_container(id, None).await;
         // The oom event may trail the exit; only a SIGKILL death (137) can be an OOM kill, so
         // only then is it worth waiting for.
         if wait_code == Some(137) && !oom.load(Ordering::SeqCst) {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        oom_watch.abort();
         let (state_code, oom_killed) = match &inspected {
             Ok(info) => {
                 let state = info.state.as_ref();
@@ -246,6 +251,31 @@ impl DockerBackend {
             oom_killed: oom_killed || oom.load(Ordering::SeqCst),
             stopped_by,
             ..RawExit::default()
+        }
+    }
+}
+
+/// Forward what the container writes to the attempt's output, until the stream ends.
+async fn pump(
+    mut output: std::pin::Pin<
+        Box<dyn futures::Stream<Item = Result<LogOutput, DockerError>> + Send>,
+    >,
+    out: mpsc::Sender<Output>,
+) {
+    while let Some(item) = output.next().await {
+        let chunk = match item {
+            Ok(LogOutput::StdOut { message }) | Ok(LogOutput::Console { message }) => {
+                Output::Stdout(message)
+            }
+            Ok(LogOutput::StdErr { message }) => Output::Stderr(message),
+            Ok(LogOutput::StdIn { .. }) => continue,
+            Err(e) => {
+                debug!(error = %e, "attach stream ended");
+                break;
+            }
+        };
+        if out.send(chunk).await.is_err() {
+            break;
         }
     }
 }

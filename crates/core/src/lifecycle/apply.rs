@@ -98,178 +98,224 @@ fn admit(r: &mut TurnRecord) -> Vec<Effect> {
 /// and dates a death, from which the retry delay runs.
 pub fn apply(record: &TurnRecord, event: &Event, now: Timestamp) -> Result<Step, TransitionError> {
     let mut r = record.clone();
-    let effects = match event {
-        Event::Admitted { history } => {
-            if r.state != TurnState::Waiting {
-                return Ok(unchanged_for_state(r.state));
-            }
-            r.history = history.clone();
-            admit(&mut r)
-        }
+    let handled = match event {
+        Event::Admitted { history } => admitted(&mut r, history),
         Event::Started {
             attempt,
             runner,
             published_at,
-        } => {
-            if let Some(u) = fence(&r, *attempt)? {
-                return Ok(Step::Unchanged(u));
-            }
-            let a = r.current_attempt_mut();
-            match &a.runner {
-                Some(recorded) if recorded == runner => {
-                    return Ok(Step::Unchanged(Unchanged::Duplicate));
-                }
-                Some(recorded) => {
-                    return Err(TransitionError::ConflictingRunner {
-                        attempt: *attempt,
-                        recorded: recorded.clone(),
-                        claimed: runner.clone(),
-                    });
-                }
-                None => {}
-            }
-            a.runner = Some(runner.clone());
-            a.started_at = Some(now);
-            a.published_at = Some(*published_at);
-            r.state = TurnState::Running;
-            r.next_attempt_due = None;
-            Vec::new()
-        }
+        } => started(&mut r, *attempt, runner, *published_at, now)?,
         Event::MessageLanded {
             attempt,
             seq,
             stream_seq,
-        } => {
-            if *seq == 0 {
-                return Err(TransitionError::SeqZero);
-            }
-            if let Some(u) = fence(&r, *attempt)? {
-                return Ok(Step::Unchanged(u));
-            }
-            let a = r.current_attempt_mut();
-            if a.messages_landed >= *seq {
-                return Ok(Step::Unchanged(Unchanged::Duplicate));
-            }
-            a.messages_landed = *seq;
-            if let Some(at) = stream_seq {
-                a.reply_span = Some(crate::wire::ReplySpan::with(a.reply_span, *at));
-            }
-            r.state = TurnState::Running;
-            r.next_attempt_due = None;
-            Vec::new()
-        }
-        Event::Exited { attempt, report } => {
-            if let Some(u) = fence(&r, *attempt)? {
-                return Ok(Step::Unchanged(u));
-            }
-            let a = r.current_attempt_mut();
-            // What landed is the larger of what we saw land and what the runner says landed.
-            a.messages_landed = a.messages_landed.max(report.messages_landed);
-            // Events are handled concurrently, so this report may come before the attempt's
-            // MessageLanded events; both say truly where some of them are stored.
-            a.reply_span = crate::wire::ReplySpan::union(a.reply_span, report.reply_span);
-            if let (None, Some(start)) = (&a.runner, &report.started) {
-                a.runner = Some(start.runner.clone());
-                a.published_at = Some(start.published_at);
-                a.started_at = start.started_at;
-            }
-            // Kept bounded whatever the runner sent: the record must fit NATS.
-            a.exit = Some(report.clone().bounded());
-            // The death is dated by `now`, the time of the event that reported it: the shells
-            // pass the server's timestamp of that event, the same clock that fires the retry's
-            // schedule. The runner's own `ended_at` is kept for operators, never used to decide.
-            decide(&mut r, report.class, now, now)
-        }
-        Event::KillRequested { action } => match r.state {
-            s if s.is_terminal() => return Ok(unchanged_for_state(s)),
-            TurnState::Running => {
-                if r.kill.is_some() {
-                    return Ok(Step::Unchanged(Unchanged::Duplicate));
-                }
-                r.kill = Some(action.clone());
-                vec![Effect::ForwardKill { attempt: r.attempt }]
-            }
-            TurnState::Waiting | TurnState::Queued | TurnState::PendingRetry => {
-                r.kill = Some(action.clone());
-                let mut effects = Vec::new();
-                if r.attempt > 0 {
-                    effects.push(Effect::CancelAttempt { attempt: r.attempt });
-                }
-                // A pending retry's attempt is only scheduled: it is cancelled, not made.
-                let made = if r.state == TurnState::PendingRetry {
-                    r.attempt - 1
-                } else {
-                    r.attempt
-                };
-                effects.extend(finish_after(
-                    &mut r,
-                    TurnState::Killed,
-                    OutcomeReason::OperatorKilled,
-                    made,
-                    now,
-                ));
-                effects
-            }
-            _ => return Ok(unchanged_for_state(r.state)),
-        },
-        Event::Abandoned { reason } => {
-            if r.state.is_terminal() {
-                return Ok(unchanged_for_state(r.state));
-            }
-            let reason = crate::sizes::cut(reason, crate::sizes::REASON_MAX).into_owned();
-            let mut effects = Vec::new();
-            // Nothing of the turn may run or land from here on: an attempt that runs is fenced
-            // out and told to stop; one owed is cancelled (its claim taken, its schedule
-            // dropped). An attempt only scheduled was never made.
-            let made = match r.state {
-                TurnState::Running => {
-                    effects.push(Effect::ForwardKill { attempt: r.attempt });
-                    r.attempt
-                }
-                TurnState::Queued | TurnState::PendingRetry => {
-                    effects.push(Effect::CancelAttempt { attempt: r.attempt });
-                    if r.state == TurnState::PendingRetry {
-                        r.attempt - 1
-                    } else {
-                        r.attempt
-                    }
-                }
-                _ => r.attempt,
-            };
-            effects.extend(finish_after(
-                &mut r,
-                TurnState::Failed,
-                OutcomeReason::PermanentError,
-                made,
-                now,
-            ));
-            if let Some(o) = r.outcome.as_mut() {
-                o.error = Some(reason.clone());
-            }
-            for e in &mut effects {
-                if let Effect::FlagChatErrored {
-                    reason: flagged, ..
-                } = e
-                {
-                    *flagged = reason.clone();
-                }
-            }
-            effects
-        }
+        } => message_landed(&mut r, *attempt, *seq, *stream_seq)?,
+        Event::Exited { attempt, report } => exited(&mut r, *attempt, report, now)?,
+        Event::KillRequested { action } => kill_requested(&mut r, action, now),
+        Event::Abandoned { reason } => abandoned(&mut r, reason, now),
     };
-    r.updated_at = now;
-    Ok(Step::Changed {
-        record: Box::new(r),
-        effects,
+    Ok(match handled {
+        Handled::Unchanged(u) => Step::Unchanged(u),
+        Handled::Changed(effects) => {
+            r.updated_at = now;
+            Step::Changed {
+                record: Box::new(r),
+                effects,
+            }
+        }
     })
 }
 
-fn unchanged_for_state(state: TurnState) -> Step {
-    if state.is_terminal() {
-        Step::Unchanged(Unchanged::AlreadyEnded { state })
+/// What one event did to the record: changed it, owing these effects, or left it as it was.
+enum Handled {
+    Changed(Vec<Effect>),
+    Unchanged(Unchanged),
+}
+
+/// The event is already reflected, or comes after the turn ended.
+fn unchanged_for_state(state: TurnState) -> Handled {
+    Handled::Unchanged(if state.is_terminal() {
+        Unchanged::AlreadyEnded { state }
     } else {
-        Step::Unchanged(Unchanged::Duplicate)
+        Unchanged::Duplicate
+    })
+}
+
+/// The chat's turn before this one ended: this one may start, with the chat's history.
+fn admitted(r: &mut TurnRecord, history: &[HistoryEntry]) -> Handled {
+    if r.state != TurnState::Waiting {
+        return unchanged_for_state(r.state);
     }
+    r.history = history.to_vec();
+    Handled::Changed(admit(r))
+}
+
+/// The current attempt's agent started on `runner`.
+fn started(
+    r: &mut TurnRecord,
+    attempt: u32,
+    runner: &crate::ids::RunnerId,
+    published_at: Timestamp,
+    now: Timestamp,
+) -> Result<Handled, TransitionError> {
+    if let Some(u) = fence(r, attempt)? {
+        return Ok(Handled::Unchanged(u));
+    }
+    let a = r.current_attempt_mut();
+    match &a.runner {
+        Some(recorded) if recorded == runner => {
+            return Ok(Handled::Unchanged(Unchanged::Duplicate))
+        }
+        Some(recorded) => {
+            return Err(TransitionError::ConflictingRunner {
+                attempt,
+                recorded: recorded.clone(),
+                claimed: runner.clone(),
+            });
+        }
+        None => {}
+    }
+    a.runner = Some(runner.clone());
+    a.started_at = Some(now);
+    a.published_at = Some(published_at);
+    r.state = TurnState::Running;
+    r.next_attempt_due = None;
+    Ok(Handled::Changed(Vec::new()))
+}
+
+/// Bot message `seq` of the current attempt landed (sent by older runners of format version 1;
+/// today's runners report the count in their exit; see docs/decisions.md).
+fn message_landed(
+    r: &mut TurnRecord,
+    attempt: u32,
+    seq: u32,
+    stream_seq: Option<u64>,
+) -> Result<Handled, TransitionError> {
+    if seq == 0 {
+        return Err(TransitionError::SeqZero);
+    }
+    if let Some(u) = fence(r, attempt)? {
+        return Ok(Handled::Unchanged(u));
+    }
+    let a = r.current_attempt_mut();
+    if a.messages_landed >= seq {
+        return Ok(Handled::Unchanged(Unchanged::Duplicate));
+    }
+    a.messages_landed = seq;
+    if let Some(at) = stream_seq {
+        a.reply_span = Some(crate::wire::ReplySpan::with(a.reply_span, at));
+    }
+    r.state = TurnState::Running;
+    r.next_attempt_due = None;
+    Ok(Handled::Changed(Vec::new()))
+}
+
+/// The current attempt ended as `report` says: done, retried, or given up ([`decide`]).
+fn exited(
+    r: &mut TurnRecord,
+    attempt: u32,
+    report: &crate::wire::ExitReport,
+    now: Timestamp,
+) -> Result<Handled, TransitionError> {
+    if let Some(u) = fence(r, attempt)? {
+        return Ok(Handled::Unchanged(u));
+    }
+    let a = r.current_attempt_mut();
+    // What landed is the larger of what we saw land and what the runner says landed.
+    a.messages_landed = a.messages_landed.max(report.messages_landed);
+    // Events are handled concurrently, so this report may come before the attempt's
+    // MessageLanded events; both say truly where some of them are stored.
+    a.reply_span = crate::wire::ReplySpan::union(a.reply_span, report.reply_span);
+    if let (None, Some(start)) = (&a.runner, &report.started) {
+        a.runner = Some(start.runner.clone());
+        a.published_at = Some(start.published_at);
+        a.started_at = start.started_at;
+    }
+    // Kept bounded whatever the runner sent: the record must fit NATS.
+    a.exit = Some(report.clone().bounded());
+    // The death is dated by `now`, the time of the event that reported it: the shells pass the
+    // server's timestamp of that event, the same clock that fires the retry's schedule. The
+    // runner's own `ended_at` is kept for operators, never used to decide.
+    Ok(Handled::Changed(decide(r, report.class, now, now)))
+}
+
+/// An operator asked to kill the turn: a running attempt is fenced out and told; a turn not yet
+/// running ends killed at once, its owed attempt cancelled.
+fn kill_requested(r: &mut TurnRecord, action: &OperatorAction, now: Timestamp) -> Handled {
+    match r.state {
+        s if s.is_terminal() => unchanged_for_state(s),
+        TurnState::Running => {
+            if r.kill.is_some() {
+                return Handled::Unchanged(Unchanged::Duplicate);
+            }
+            r.kill = Some(action.clone());
+            Handled::Changed(vec![Effect::ForwardKill { attempt: r.attempt }])
+        }
+        TurnState::Waiting | TurnState::Queued | TurnState::PendingRetry => {
+            r.kill = Some(action.clone());
+            let mut effects = Vec::new();
+            if r.attempt > 0 {
+                effects.push(Effect::CancelAttempt { attempt: r.attempt });
+            }
+            let made = attempts_made(r);
+            effects.extend(finish_after(
+                r,
+                TurnState::Killed,
+                OutcomeReason::OperatorKilled,
+                made,
+                now,
+            ));
+            Handled::Changed(effects)
+        }
+        _ => unchanged_for_state(r.state),
+    }
+}
+
+/// Attempts made so far: a pending retry's attempt is only scheduled, never made.
+fn attempts_made(r: &TurnRecord) -> u32 {
+    if r.state == TurnState::PendingRetry {
+        r.attempt - 1
+    } else {
+        r.attempt
+    }
+}
+
+/// A step of the turn failed in a way no retry changes: the turn ends failed, with `reason`.
+fn abandoned(r: &mut TurnRecord, reason: &str, now: Timestamp) -> Handled {
+    if r.state.is_terminal() {
+        return unchanged_for_state(r.state);
+    }
+    let reason = crate::sizes::cut(reason, crate::sizes::REASON_MAX).into_owned();
+    let mut effects = Vec::new();
+    // Nothing of the turn may run or land from here on: an attempt that runs is fenced out and
+    // told to stop; one owed is cancelled (its claim taken, its schedule dropped).
+    match r.state {
+        TurnState::Running => effects.push(Effect::ForwardKill { attempt: r.attempt }),
+        TurnState::Queued | TurnState::PendingRetry => {
+            effects.push(Effect::CancelAttempt { attempt: r.attempt })
+        }
+        _ => {}
+    }
+    let made = attempts_made(r);
+    effects.extend(finish_after(
+        r,
+        TurnState::Failed,
+        OutcomeReason::PermanentError,
+        made,
+        now,
+    ));
+    if let Some(o) = r.outcome.as_mut() {
+        o.error = Some(reason.clone());
+    }
+    for e in &mut effects {
+        if let Effect::FlagChatErrored {
+            reason: flagged, ..
+        } = e
+        {
+            *flagged = reason.clone();
+        }
+    }
+    Handled::Changed(effects)
 }
 
 /// Fence an attempt-scoped event: `Some(reason)` when it must change nothing.

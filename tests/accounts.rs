@@ -8,7 +8,7 @@ use turnpike_config::Config;
 use turnpike_core::record::TurnState;
 use turnpike_core::wire::{Attachment, InboundMessage, OutboundItem, OutboundKind};
 use turnpike_core::{subjects, ChatId, TurnId, FORMAT_VERSION};
-use turnpike_jetstream::Bus;
+use turnpike_store::Bus;
 use turnpike_testkit::{eventually, test_password, NatsServer};
 use turnpike_tests::*;
 
@@ -275,8 +275,8 @@ async fn a_runner_speaks_only_for_itself() {
     let running = wait_state(&admin, &turn, TurnState::Running).await;
     let b = RunnerId::new("r2").expect("id");
     assert_eq!(running.attempts[0].runner.as_ref(), Some(&b));
-    let claim_before = admin
-        .claims
+    let claim_before = turnpike_tests::bucket(&admin, subjects::BUCKET_CLAIMS)
+        .await
         .entry(subjects::claim_key(&turn, 1))
         .await
         .expect("read the claim")
@@ -381,8 +381,8 @@ async fn a_runner_speaks_only_for_itself() {
             .await;
         assert!(stored.is_err(), "rollup {rollup:?}: {stored:?}");
     }
-    let claim_after = admin
-        .claims
+    let claim_after = turnpike_tests::bucket(&admin, subjects::BUCKET_CLAIMS)
+        .await
         .entry(subjects::claim_key(&turn, 1))
         .await
         .expect("read the claim")
@@ -601,8 +601,8 @@ async fn the_sweep_declares_a_lease_less_attempt_lost_with_only_the_coordinators
     // Running, and its lease not due for twenty seconds. No coordinator runs: the sweeper below
     // is the only one, with a lease short enough to stand for the time that would pass.
     eventually(T, "the attempt claimed", || async {
-        admin
-            .claims
+        turnpike_tests::bucket(&admin, subjects::BUCKET_CLAIMS)
+            .await
             .get(subjects::claim_key(&turn, 1))
             .await
             .ok()

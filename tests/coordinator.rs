@@ -10,7 +10,8 @@ use turnpike_core::subjects;
 use turnpike_core::texts;
 use turnpike_core::wire::{ChatRecord, ExitClass, OutboundItem, OutboundKind};
 use turnpike_core::{ChatId, TurnId};
-use turnpike_jetstream::{decode_kv, Bus};
+use turnpike_jetstream::decode_kv;
+use turnpike_store::Bus;
 use turnpike_testkit::NatsServer;
 use turnpike_tests::*;
 

@@ -96,7 +96,7 @@ async fn replies_join_history_read_at_their_recorded_location_or_else_by_a_scan(
         (Role::Bot, "found me".to_owned()),
     ];
     let chat = ChatId::new("located").expect("chat id");
-    async fn history(bus: &turnpike_jetstream::Bus, chat: &ChatId) -> Vec<(Role, String)> {
+    async fn history(bus: &turnpike_store::Bus, chat: &ChatId) -> Vec<(Role, String)> {
         turnpike_store::chats::update(bus, chat, |c| (false, c.history.clone()))
             .await
             .expect("chat record")
@@ -129,7 +129,7 @@ async fn replies_join_history_read_at_their_recorded_location_or_else_by_a_scan(
         })
         .await
         .expect("reset the chat");
-        turnpike_store::chats::release(&p.bus, &variant, p.bus.history)
+        turnpike_store::chats::release(&p.bus, &variant)
             .await
             .expect("release");
         assert_eq!(
@@ -165,9 +165,7 @@ async fn attachments_reach_the_agent_byte_for_byte_and_again_on_a_retry() {
     let p = Pipeline::start(AGENT, |_| {}).await;
     let content: Vec<u8> = (0..100_000u32).map(|i| (i * 7 % 251) as u8).collect();
     let mut reader: &[u8] = &content;
-    p.bus
-        .attachments
-        .put("att/a1/notes.bin", &mut reader)
+    turnpike_store::attachments::put(&p.bus, "att/a1/notes.bin", &mut reader)
         .await
         .expect("upload");
     let turn = send_with_attachment(
@@ -269,9 +267,7 @@ async fn an_attachment_over_the_limit_gets_a_clear_error_reply() {
         ("other/o1/secret.txt", 10),
     ] {
         let mut reader: &[u8] = &vec![0u8; size];
-        p.bus
-            .attachments
-            .put(object, &mut reader)
+        turnpike_store::attachments::put(&p.bus, object, &mut reader)
             .await
             .expect("upload");
     }
@@ -397,7 +393,7 @@ async fn an_oversize_message_is_refused_with_a_notice() {
 }
 
 /// Writes to the turns bucket so far, every key counted (each write is one stream message).
-async fn turn_writes(bus: &turnpike_jetstream::Bus) -> u64 {
+async fn turn_writes(bus: &turnpike_store::Bus) -> u64 {
     let mut stream = bus
         .js
         .get_stream("KV_turnpike_turns")
@@ -420,7 +416,7 @@ async fn an_idle_chats_turn_is_created_admitted_and_a_busy_chats_waits() {
     let mut config = test_config(&server, AGENT);
     config.nats_url = server.url();
     let dispatcher = start_dispatcher(&config).await;
-    let bus = turnpike_jetstream::Bus::connect(&config, "test")
+    let bus = turnpike_store::Bus::connect(&config, "test")
         .await
         .expect("bus");
     let first = send(&bus, "one-write", "w1", "reply:first").await;
@@ -464,12 +460,12 @@ async fn a_dispatcher_that_died_after_joining_an_idle_chat_leaves_a_turn_its_rep
     // replay must create, admit and run the turn once, and the chat must go on to the next.
     let server = turnpike_testkit::NatsServer::start();
     let config = test_config(&server, AGENT);
-    let bus = turnpike_jetstream::Bus::connect(&config, "test")
+    let bus = turnpike_store::Bus::connect(&config, "test")
         .await
         .expect("bus");
     let chat = turnpike_core::ChatId::new("died-joining").expect("valid");
     let msg = turnpike_core::wire::InboundMessage::new(chat.clone(), "d1", "reply:once", None);
-    let ack = turnpike_jetstream::publish_inbound(&bus, &msg)
+    let ack = turnpike_jetstream::publish_inbound(&bus.js, bus.codec, &msg)
         .await
         .expect("inbound accepted");
     let turn = msg.turn();

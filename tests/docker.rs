@@ -9,7 +9,7 @@ use turnpike_config::{Backend, ByteSize, Config};
 use turnpike_core::record::TurnState;
 use turnpike_core::texts;
 use turnpike_core::wire::{ExitClass, OutboundKind};
-use turnpike_jetstream::Bus;
+use turnpike_store::Bus;
 use turnpike_testkit::{eventually, NatsServer};
 use turnpike_tests::*;
 
@@ -337,8 +337,7 @@ async fn attachments_are_copied_into_the_container() {
     let (_server, _config, roles, bus) = docker_stack(runner_id, true).await;
     let content: Vec<u8> = (0..=255u8).cycle().take(70_000).collect();
     let mut reader: &[u8] = &content;
-    bus.attachments
-        .put("dt-attach/m-1/data.bin", &mut reader)
+    turnpike_store::attachments::put(&bus, "dt-attach/m-1/data.bin", &mut reader)
         .await
         .expect("upload");
     let turn = send_with_attachment(

@@ -6,7 +6,7 @@
 use std::time::Duration;
 use turnpike_core::record::TurnState;
 use turnpike_core::wire::{ExitClass, OutboundKind};
-use turnpike_jetstream::Bus;
+use turnpike_store::Bus;
 use turnpike_tests::*;
 
 const AGENT: &str = env!("CARGO_BIN_EXE_test-agent");

@@ -8,7 +8,7 @@ use turnpike_core::record::TurnState;
 use turnpike_core::subjects;
 use turnpike_core::wire::{ExitClass, OutboundKind};
 use turnpike_core::TurnId;
-use turnpike_jetstream::Bus;
+use turnpike_store::Bus;
 use turnpike_tests::*;
 
 const AGENT: &str = env!("CARGO_BIN_EXE_test-agent");
@@ -58,8 +58,8 @@ async fn a_kill_sent_the_instant_the_attempt_is_claimed_sticks() {
     let runner = start_runner(&f.through_proxy()).await;
     let bus = Bus::connect(config, "test").await.expect("bus");
     let turn = TurnId::for_message(&turnpike_core::ChatId::new("chat-k").expect("chat"), "m-1");
-    let mut claims = bus
-        .claims
+    let mut claims = turnpike_tests::bucket(&bus, turnpike_core::subjects::BUCKET_CLAIMS)
+        .await
         .watch(subjects::claim_key(&turn, 1))
         .await
         .expect("watch the claim");

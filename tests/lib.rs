@@ -7,9 +7,9 @@ use std::time::Duration;
 use turnpike_config::Config;
 use turnpike_core::wire::{InboundMessage, OutboundItem};
 use turnpike_core::{subjects, ChatId, TurnId, TurnRecord};
-use turnpike_jetstream::{decode, Bus};
-use turnpike_store::outbox;
+use turnpike_jetstream::decode;
 use turnpike_store::turns;
+use turnpike_store::Bus;
 use turnpike_testkit::{eventually, NatsServer};
 
 /// Logs for a test run, when `RUST_LOG` asks for them (e.g. `RUST_LOG=info`).
@@ -73,7 +73,7 @@ pub async fn send_message(
         attachments,
         ..InboundMessage::new(chat, id, text, Some("tester".into()))
     };
-    turnpike_jetstream::publish_inbound(bus, &msg)
+    turnpike_jetstream::publish_inbound(&bus.js, bus.codec, &msg)
         .await
         .expect("inbound accepted");
     msg.turn()
@@ -344,7 +344,7 @@ pub async fn wait_ended(bus: &Bus, turn: &TurnId, timeout: Duration) -> TurnReco
             // Its effects are carried out once it has left the live index.
             Ok(Some(v))
                 if v.record.state.is_terminal()
-                    && matches!(outbox::is_listed(bus, turn).await, Ok(false)) =>
+                    && matches!(turnpike_store::live::is_listed(bus, turn).await, Ok(false)) =>
             {
                 Some(v.record)
             }
@@ -354,14 +354,23 @@ pub async fn wait_ended(bus: &Bus, turn: &TurnId, timeout: Duration) -> TurnReco
     .await
 }
 
-/// The chat's bot messages and notices, in order: what a user reads (live-progress status items
-/// left out).
-/// The chat's record as stored (the test fails if it is missing or unreadable).
-pub async fn chat_record(bus: &Bus, chat: &str) -> turnpike_core::wire::ChatRecord {
-    let value = bus.chats.get(chat).await.expect("get").expect("record");
-    turnpike_jetstream::decode_kv(&value).expect("chat")
+/// A bucket opened directly, as `nats kv` would: what a test plants or inspects from outside,
+/// never how a role reaches stored state (that is `turnpike-store`).
+pub async fn bucket(bus: &Bus, name: &str) -> async_nats::jetstream::kv::Store {
+    bus.js.get_key_value(name).await.expect("open bucket")
 }
 
+/// The chat's record as stored (the test fails if it is missing or unreadable).
+pub async fn chat_record(bus: &Bus, chat: &str) -> turnpike_core::wire::ChatRecord {
+    let chat = ChatId::new(chat).expect("chat id");
+    turnpike_store::views::chat(bus, &chat)
+        .await
+        .expect("read chat")
+        .expect("record")
+}
+
+/// The chat's bot messages and notices, in order: what a user reads (live-progress status items
+/// left out).
 pub async fn visible_items(bus: &Bus, chat: &str) -> Vec<OutboundItem> {
     chat_items(bus, chat)
         .await

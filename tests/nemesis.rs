@@ -17,7 +17,6 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use turnpike_core::{subjects, TurnId, TurnRecord};
-use turnpike_store::outbox;
 use turnpike_store::turns;
 use turnpike_tests::cluster::*;
 use turnpike_tests::init_logs;
@@ -147,7 +146,7 @@ async fn chat(
         let deadline = Instant::now() + Duration::from_secs(60);
         let mut acked = false;
         while Instant::now() < deadline {
-            if turnpike_jetstream::publish_inbound(&c.bus, &msg)
+            if turnpike_jetstream::publish_inbound(&c.bus.js, c.bus.codec, &msg)
                 .await
                 .is_ok()
             {
@@ -296,11 +295,13 @@ async fn nemesis() {
     let c = Arc::new(Cluster::start(opts.clone()).await);
     for k in 0..chats {
         let mut blob: &[u8] = &vec![0x5a; 256 << 10];
-        c.bus
-            .attachments
-            .put(format!("nm{seed}-{k}/blob.bin").as_str(), &mut blob)
-            .await
-            .expect("upload a chat's attachment");
+        turnpike_store::attachments::put(
+            &c.bus,
+            format!("nm{seed}-{k}/blob.bin").as_str(),
+            &mut blob,
+        )
+        .await
+        .expect("upload a chat's attachment");
     }
 
     let agents_done = tokio_util::sync::CancellationToken::new();
@@ -357,7 +358,7 @@ async fn nemesis() {
     let records = wait_all_ended(&c.bus, &ids, settle).await;
     let mut listed = Vec::new();
     for t in &ids {
-        if matches!(outbox::is_listed(&c.bus, t).await, Ok(true)) {
+        if matches!(turnpike_store::live::is_listed(&c.bus, t).await, Ok(true)) {
             listed.push(t.clone());
         }
     }

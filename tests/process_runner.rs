@@ -5,7 +5,7 @@ use std::time::Duration;
 use turnpike_config::ByteSize;
 use turnpike_core::record::TurnState;
 use turnpike_core::wire::ExitClass;
-use turnpike_jetstream::Bus;
+use turnpike_store::Bus;
 use turnpike_testkit::NatsServer;
 use turnpike_tests::*;
 
@@ -90,7 +90,11 @@ async fn presence_reports_slots_in_use_as_running_attempts() {
         let bus = p.bus.clone();
         async move {
             turnpike_testkit::eventually(T, &format!("{want} slot(s) in use"), || async {
-                let entry = bus.runners.entry("slots-r").await.ok()??;
+                let entry = turnpike_tests::bucket(&bus, turnpike_core::subjects::BUCKET_RUNNERS)
+                    .await
+                    .entry("slots-r")
+                    .await
+                    .ok()??;
                 let presence: turnpike_core::wire::RunnerPresence =
                     turnpike_jetstream::decode_kv(&entry.value).ok()?;
                 (presence.slots_in_use == want).then_some(())

@@ -6,7 +6,7 @@ use turnpike_core::record::TurnState;
 use turnpike_core::subjects;
 use turnpike_core::wire::ExitClass;
 use turnpike_core::{ChatId, TurnId};
-use turnpike_jetstream::Bus;
+use turnpike_store::Bus;
 use turnpike_testkit::eventually;
 use turnpike_tests::*;
 
@@ -35,8 +35,8 @@ async fn a_retry_whose_runner_dies_between_claim_and_start_is_retried_again() {
     ];
     let bus = Bus::connect(config, "test").await.expect("bus");
     let turn = TurnId::for_message(&ChatId::new("chat-r").expect("chat"), "m-1");
-    let mut claim2 = bus
-        .claims
+    let mut claim2 = turnpike_tests::bucket(&bus, turnpike_core::subjects::BUCKET_CLAIMS)
+        .await
         .watch(subjects::claim_key(&turn, 2))
         .await
         .expect("watch the claim");
@@ -104,7 +104,11 @@ async fn a_turn_killed_before_it_joined_its_chat_does_not_wedge_the_chat() {
     let running = send(&bus, "chat-w", "m-0", "hang").await;
     wait_state(&bus, &running, TurnState::Running).await;
     let first = TurnId::for_message(&ChatId::new("chat-w").expect("chat"), "m-1");
-    let mut created = bus.turns.watch(first.as_str()).await.expect("watch");
+    let mut created = turnpike_tests::bucket(&bus, turnpike_core::subjects::BUCKET_TURNS)
+        .await
+        .watch(first.as_str())
+        .await
+        .expect("watch");
     send(&bus, "chat-w", "m-1", "hang").await;
     tokio::time::timeout(T, created.next())
         .await
@@ -161,7 +165,11 @@ async fn a_runner_whose_lease_lapsed_stops_its_run_and_never_renews_it() {
     let record = wait_ended(&p.bus, &turn, T).await;
     assert_eq!(record.state, TurnState::GaveUp);
     // And the lease stays gone: nobody renewed it.
-    let lease = p.bus.leases.get(&key).await.expect("read lease");
+    let lease = turnpike_tests::bucket(&p.bus, turnpike_core::subjects::BUCKET_LEASES)
+        .await
+        .get(&key)
+        .await
+        .expect("read lease");
     assert!(
         lease.as_ref().is_none_or(|v| v.is_empty()),
         "renewed: {lease:?}"
@@ -367,7 +375,11 @@ async fn a_run_within_its_first_heartbeat_has_no_lease_and_is_not_declared_lost(
     let quick = send(&p.bus, "chat-q", "q-1", "reply:quick").await;
     assert_eq!(wait_ended(&p.bus, &quick, T).await.state, TurnState::Done);
     let key = lease_key(&p.bus, &quick, 1).await;
-    let lease = p.bus.leases.entry(&key).await.expect("read lease");
+    let lease = turnpike_tests::bucket(&p.bus, turnpike_core::subjects::BUCKET_LEASES)
+        .await
+        .entry(&key)
+        .await
+        .expect("read lease");
     assert!(lease.is_none(), "a short run wrote a lease: {lease:?}");
 
     let told = ToldTurn::start(&p.bus, "chat-s", "s-1").await;
@@ -485,7 +497,12 @@ async fn a_claim_whose_acknowledgement_was_lost_is_its_writers() {
     let creating = tokio::spawn(async move { claims::create(&cut_off, &mine).await });
     let key = subjects::claim_key(&turn, 1);
     eventually(T, "the claim stored", || async {
-        direct.claims.get(&key).await.ok().flatten()
+        turnpike_tests::bucket(&direct, turnpike_core::subjects::BUCKET_CLAIMS)
+            .await
+            .get(&key)
+            .await
+            .ok()
+            .flatten()
     })
     .await;
     // Its acknowledgement is lost with the connection; the client connects again.

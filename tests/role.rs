@@ -9,7 +9,7 @@ async fn main() {
     if role == "runner" {
         config = turnpike_runner::nats_identity(config).expect("the runner's identity");
     }
-    let bus = turnpike_jetstream::Bus::connect(&config, &format!("test-{role}"))
+    let bus = turnpike_store::Bus::connect(&config, &format!("test-{role}"))
         .await
         .expect("connect");
     let token = CancellationToken::new();

@@ -36,24 +36,36 @@ async fn a_message_gets_a_reply_and_the_turn_is_done() {
     assert_eq!(items[0].turn, turn);
 
     // The runner announces itself with its capacity.
-    let mut keys = bus.runners.keys().await.expect("runner keys");
+    let mut keys = turnpike_tests::bucket(&bus, turnpike_core::subjects::BUCKET_RUNNERS)
+        .await
+        .keys()
+        .await
+        .expect("runner keys");
     let key = futures::StreamExt::next(&mut keys)
         .await
         .expect("one runner present")
         .expect("key");
-    let presence: turnpike_core::wire::RunnerPresence =
-        turnpike_jetstream::decode_kv(&bus.runners.get(&key).await.expect("get").expect("value"))
-            .expect("presence decodes");
+    let presence: turnpike_core::wire::RunnerPresence = turnpike_jetstream::decode_kv(
+        &turnpike_tests::bucket(&bus, turnpike_core::subjects::BUCKET_RUNNERS)
+            .await
+            .get(&key)
+            .await
+            .expect("get")
+            .expect("value"),
+    )
+    .expect("presence decodes");
     assert_eq!(presence.slots, config.runner_slots);
     assert_eq!(presence.backend, "process");
 
     // The live index no longer holds the ended turn.
-    assert!(bus
-        .live
-        .get(turn.as_str())
-        .await
-        .expect("live get")
-        .is_none_or(|v| v.is_empty()));
+    assert!(
+        turnpike_tests::bucket(&bus, turnpike_core::subjects::BUCKET_LIVE)
+            .await
+            .get(turn.as_str())
+            .await
+            .expect("live get")
+            .is_none_or(|v| v.is_empty())
+    );
     p.stop().await;
 }
 

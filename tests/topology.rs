@@ -7,7 +7,8 @@ use bytes::Bytes;
 use std::time::{Duration, SystemTime};
 use turnpike_config::Config;
 use turnpike_core::subjects;
-use turnpike_jetstream::{topology, Bus, Publish};
+use turnpike_jetstream::{topology, Publish};
+use turnpike_store::Bus;
 use turnpike_testkit::NatsServer;
 
 fn config_for(server: &NatsServer) -> Config {
@@ -114,22 +115,29 @@ async fn files_load_through_the_api_and_turnpike_creates_the_same_topology() {
     let bus = Bus::open(files_client, files_js, &config_for(&by_files))
         .await
         .expect("buckets open");
-    bus.turns
+    turnpike_tests::bucket(&bus, turnpike_core::subjects::BUCKET_TURNS)
+        .await
         .create("t-1", Bytes::from_static(b"{\"v\":1}"))
         .await
         .expect("kv create");
-    assert!(bus
-        .turns
-        .create("t-1", Bytes::from_static(b"{}"))
-        .await
-        .is_err());
+    assert!(
+        turnpike_tests::bucket(&bus, turnpike_core::subjects::BUCKET_TURNS)
+            .await
+            .create("t-1", Bytes::from_static(b"{}"))
+            .await
+            .is_err()
+    );
     assert_eq!(
-        bus.turns.get("t-1").await.expect("get").as_deref(),
+        turnpike_tests::bucket(&bus, turnpike_core::subjects::BUCKET_TURNS)
+            .await
+            .get("t-1")
+            .await
+            .expect("get")
+            .as_deref(),
         Some(&b"{\"v\":1}"[..])
     );
     let mut data: &[u8] = b"attachment bytes";
-    bus.attachments
-        .put("chat/m/file.txt", &mut data)
+    turnpike_store::attachments::put(&bus, "chat/m/file.txt", &mut data)
         .await
         .expect("object put");
 }

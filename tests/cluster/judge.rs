@@ -3,7 +3,6 @@
 //! wrong outcome), with the suite's summary.
 
 use super::*;
-use turnpike_store::outbox;
 
 /// Publish an inbound message until JetStream acknowledges it (a node may be down), trying for up
 /// to `secs`; the same message id each time, so a retry is never a second message.
@@ -20,7 +19,10 @@ pub async fn try_send(bus: &Bus, chat: &str, id: &str, text: &str, secs: u64) ->
         turnpike_core::wire::InboundMessage::new(chat_id, id, text, Some("fault-suite".into()));
     let deadline = Instant::now() + Duration::from_secs(secs);
     loop {
-        if turnpike_jetstream::publish_inbound(bus, &msg).await.is_ok() {
+        if turnpike_jetstream::publish_inbound(&bus.js, bus.codec, &msg)
+            .await
+            .is_ok()
+        {
             return Some(msg.turn());
         }
         if Instant::now() >= deadline {
@@ -45,7 +47,7 @@ pub async fn wait_all_ended(
             let record = turns::load(bus, t).await.ok().flatten().map(|v| v.record);
             // Its effects are carried out once it has left the live index.
             done &= record.as_ref().is_some_and(|r| r.state.is_terminal())
-                && matches!(outbox::is_listed(bus, t).await, Ok(false));
+                && matches!(turnpike_store::live::is_listed(bus, t).await, Ok(false));
             out.push(record);
         }
         if done || Instant::now() >= deadline {

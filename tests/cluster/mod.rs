@@ -27,8 +27,8 @@ use std::time::{Duration, Instant};
 use turnpike_config::Config;
 use turnpike_core::wire::{OutboundItem, OutboundKind};
 use turnpike_core::{subjects, TurnId, TurnRecord, TurnState};
-use turnpike_jetstream::Bus;
 use turnpike_store::turns;
+use turnpike_store::Bus;
 use turnpike_testkit::{free_port, test_password, ROLES};
 
 pub const NATS_IMAGE: &str = "turnpike-nats:2.15.1";
@@ -335,17 +335,12 @@ impl Cluster {
     /// Wait until `n` runners announce themselves.
     pub async fn wait_runners(&self, n: usize) {
         turnpike_testkit::eventually(Duration::from_secs(90), "runners present", || async {
-            let keys = self.bus.runners.keys().await.ok()?;
-            let count = keys
-                .filter(|k| {
-                    futures::future::ready(
-                        k.as_ref()
-                            .map(|k| k.starts_with(&format!("tpf{}-", self.id)))
-                            .unwrap_or(false),
-                    )
-                })
-                .count()
-                .await;
+            let runners = turnpike_store::views::runners(&self.bus).await.ok()?;
+            let ours = format!("tpf{}-", self.id);
+            let count = runners
+                .iter()
+                .filter(|p| p.runner.as_str().starts_with(&ours))
+                .count();
             (count >= n).then_some(())
         })
         .await

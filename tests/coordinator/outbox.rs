@@ -308,7 +308,8 @@ async fn an_ended_turn_stays_listed_until_its_outbox_is_carried_out() {
             .expect("effect");
     }
     let listed = || async {
-        bus.live
+        turnpike_tests::bucket(&bus, turnpike_core::subjects::BUCKET_LIVE)
+            .await
             .get(turn.as_str())
             .await
             .expect("live get")
@@ -362,7 +363,7 @@ async fn an_ended_turns_effects_are_not_carried_out_again_after_it_left_the_live
     let (record, _) = new_turn("c13", false);
     let turn = record.turn.clone();
     let exit = give_up(&bus, &record).await;
-    assert!(!turnpike_store::outbox::is_listed(&bus, &turn)
+    assert!(!turnpike_store::live::is_listed(&bus, &turn)
         .await
         .expect("live"));
     shorten_duplicate_window(&bus, subjects::STREAM_CHAT_OUT, Duration::from_millis(200)).await;
@@ -383,7 +384,7 @@ async fn an_ended_turns_effects_are_not_carried_out_again_after_it_left_the_live
     turnpike_store::admission::create_in_chat(&bus, record, Some(1), None)
         .await
         .expect("replay");
-    assert!(!turnpike_store::outbox::is_listed(&bus, &turn)
+    assert!(!turnpike_store::live::is_listed(&bus, &turn)
         .await
         .expect("live"));
     let mut sweep_config = config.clone();

@@ -39,8 +39,8 @@ async fn check_retry_across_restart(
     assert_eq!(replies.len(), 1, "exactly once: {items:?}");
     assert!(replies[0].text.contains(&texts::retry_preamble(2, 3)));
     // Exactly one run of attempt 2: its claim (created once, ever) names the runner that ran it.
-    let claim = bus
-        .claims
+    let claim = turnpike_tests::bucket(&bus, turnpike_core::subjects::BUCKET_CLAIMS)
+        .await
         .get(subjects::claim_key(&turn, 2))
         .await
         .expect("get")

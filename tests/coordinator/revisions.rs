@@ -202,8 +202,8 @@ async fn a_fast_attempts_start_and_exit_are_written_to_the_turn_record_at_once()
         at: turnpike_jetstream::now(),
         token: None,
     };
-    p.bus
-        .claims
+    turnpike_tests::bucket(&p.bus, turnpike_core::subjects::BUCKET_CLAIMS)
+        .await
         .create(
             subjects::claim_key(&turn, 1),
             serde_json::to_vec(&claim).expect("json").into(),

@@ -74,8 +74,8 @@ async fn dying_every_time_gets_exactly_the_budget_then_one_give_up_notice() {
         assert_eq!(notices.len(), 1, "N={n}: {items:?}");
         assert_eq!(notices[0].text, texts::give_up_notice(limit));
         let flag: ChatRecord = decode_kv(
-            &p.bus
-                .chats
+            &turnpike_tests::bucket(&p.bus, turnpike_core::subjects::BUCKET_CHATS)
+                .await
                 .get(&chat)
                 .await
                 .expect("get")
@@ -168,9 +168,8 @@ async fn a_kill_during_pending_retry_cancels_the_scheduled_attempt() {
         .attempts
         .iter()
         .all(|a| a.n == 1 || a.started_at.is_none()));
-    let claim = p
-        .bus
-        .claims
+    let claim = turnpike_tests::bucket(&p.bus, turnpike_core::subjects::BUCKET_CLAIMS)
+        .await
         .get(subjects::claim_key(&turn, 2))
         .await
         .expect("get")

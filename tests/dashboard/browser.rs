@@ -124,8 +124,8 @@ async fn an_operator_works_the_dashboard_in_a_real_browser() {
     assert!(q.contains("Clear the errored flag of chat doomed"), "{q}");
     wait_gone(&c, row).await;
     let chat = turnpike_jetstream::decode_kv::<turnpike_core::wire::ChatRecord>(
-        &p.bus
-            .chats
+        &turnpike_tests::bucket(&p.bus, turnpike_core::subjects::BUCKET_CHATS)
+            .await
             .get("doomed")
             .await
             .expect("get")

@@ -165,7 +165,11 @@ async fn f2_runner_cut_off_mid_run() {
         // Back on the network, the runner flushes what it held for the stale attempt.
         c.connect(&name).await;
         eventually(Duration::from_secs(60), "the runner back", || async {
-            let e = c.bus.runners.entry(runner.as_str()).await.ok()??;
+            let e = turnpike_tests::bucket(&c.bus, turnpike_core::subjects::BUCKET_RUNNERS)
+                .await
+                .entry(runner.as_str())
+                .await
+                .ok()??;
             let p: turnpike_core::wire::RunnerPresence =
                 turnpike_jetstream::decode_kv(&e.value).ok()?;
             (p.at.millis() > turnpike_jetstream::now().millis().saturating_sub(2000)).then_some(())

@@ -154,9 +154,8 @@ async fn f8_kill_racing_a_claim() {
             let chat = format!("f8-{i}");
             let id = format!("f8-m{i}");
             let turn = TurnId::for_message(&ChatId::new(&chat).expect("chat"), &id);
-            let mut claims = c
-                .bus
-                .claims
+            let mut claims = turnpike_tests::bucket(&c.bus, turnpike_core::subjects::BUCKET_CLAIMS)
+                .await
                 .watch(subjects::claim_key(&turn, 1))
                 .await
                 .expect("watch the claim");

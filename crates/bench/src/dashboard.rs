@@ -10,7 +10,7 @@ use tokio_util::sync::CancellationToken;
 use turnpike_core::wire::{ChatError, ChatRecord};
 use turnpike_core::{ChatId, Timestamp, TurnId, FORMAT_VERSION};
 use turnpike_dashboard::{read, Access, Dashboard, SessionKey, Users};
-use turnpike_jetstream::Bus;
+use turnpike_store::{views, Bus};
 use turnpike_testkit::{dashboard_login, http};
 
 use crate::{ms, percentile, send, Stack};
@@ -48,6 +48,7 @@ async fn page(base: &str, cookie: &str, path: &str) -> Result<()> {
 pub async fn page_time(out: &mut String, stored: usize) -> Result<()> {
     let stack = Stack::start(1, |c| c.runner_slots = 4).await?;
     crate::scale::fill_finished_turns(&stack.bus, stored).await?;
+    let chats = crate::bucket(&stack.bus, turnpike_core::subjects::BUCKET_CHATS).await?;
     for i in 0..CHATS {
         let chat = ChatId::new(format!("c-{i}"))?;
         let rec = ChatRecord {
@@ -66,9 +67,7 @@ pub async fn page_time(out: &mut String, stored: usize) -> Result<()> {
             }),
             cleared: vec![],
         };
-        stack
-            .bus
-            .chats
+        chats
             .put(chat.as_str(), serde_json::to_vec(&rec)?.into())
             .await?;
     }
@@ -85,12 +84,12 @@ pub async fn page_time(out: &mut String, stored: usize) -> Result<()> {
         );
     }
     let deadline = Instant::now() + Duration::from_secs(60);
-    while read::live_ids(&stack.bus).await?.len() < LIVE {
+    while views::live_ids(&stack.bus).await?.len() < LIVE {
         anyhow::ensure!(
             Instant::now() < deadline,
             "live turns did not appear: {} of {LIVE} in the live index; the first is {:?}",
-            read::live_ids(&stack.bus).await?.len(),
-            read::turn(&stack.bus, &hanging[0]).await?.map(|r| r.state)
+            views::live_ids(&stack.bus).await?.len(),
+            views::turn(&stack.bus, &hanging[0]).await?.map(|r| r.state)
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
@@ -127,7 +126,7 @@ pub async fn page_time(out: &mut String, stored: usize) -> Result<()> {
             "errored chats `/errored`",
             timed(SAMPLES, || page(&base, &cookie, "/errored")).await?,
             timed(SAMPLES, || async {
-                read::chats(bus).await.map(drop).map_err(Into::into)
+                views::chats(bus).await.map(drop).map_err(Into::into)
             })
             .await?,
         ),
@@ -135,8 +134,11 @@ pub async fn page_time(out: &mut String, stored: usize) -> Result<()> {
             "live turns `/live`",
             timed(SAMPLES, || page(&base, &cookie, "/live")).await?,
             timed(SAMPLES, || async {
-                let ids = read::live_ids(bus).await?;
-                read::turns(bus, &ids).await.map(drop).map_err(Into::into)
+                let ids = views::live_ids(bus).await?;
+                views::records(bus, &ids)
+                    .await
+                    .map(drop)
+                    .map_err(Into::into)
             })
             .await?,
         ),
@@ -144,8 +146,8 @@ pub async fn page_time(out: &mut String, stored: usize) -> Result<()> {
             "turn `/turns/<id>`",
             timed(SAMPLES, || page(&base, &cookie, &turn_path)).await?,
             timed(SAMPLES, || async {
-                read::turn(bus, &old).await?;
-                read::reruns(bus, &old, 20)
+                views::turn(bus, &old).await?;
+                views::reruns(bus, &old, 20)
                     .await
                     .map(drop)
                     .map_err(Into::into)
@@ -156,7 +158,7 @@ pub async fn page_time(out: &mut String, stored: usize) -> Result<()> {
             "runners `/runners`",
             timed(SAMPLES, || page(&base, &cookie, "/runners")).await?,
             timed(SAMPLES, || async {
-                read::runners(bus).await.map(drop).map_err(Into::into)
+                views::runners(bus).await.map(drop).map_err(Into::into)
             })
             .await?,
         ),
@@ -164,9 +166,12 @@ pub async fn page_time(out: &mut String, stored: usize) -> Result<()> {
             "chat `/chats/<id>`",
             timed(SAMPLES, || page(&base, &cookie, &chat_path)).await?,
             timed(SAMPLES, || async {
-                read::chat(bus, &chat0).await?;
-                let ids = read::recent_turn_ids(bus, &chat0, 20).await?;
-                read::turns(bus, &ids).await.map(drop).map_err(Into::into)
+                views::chat(bus, &chat0).await?;
+                let ids = views::recent_turn_ids(bus, &chat0, 20).await?;
+                views::records(bus, &ids)
+                    .await
+                    .map(drop)
+                    .map_err(Into::into)
             })
             .await?,
         ),

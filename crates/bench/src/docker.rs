@@ -206,9 +206,8 @@ pub async fn docker_overhead(out: &mut String) -> Result<()> {
             .await?;
         crate::send(&stack.bus, &chat, &id, "reply:ok").await?;
         while crate::next_outbound(&mut sub).await?.kind != OutboundKind::Message {}
-        let claim = stack
-            .bus
-            .claims
+        let claim = crate::bucket(&stack.bus, subjects::BUCKET_CLAIMS)
+            .await?
             .entry(subjects::claim_key(&turn, 1))
             .await?
             .context("claim")?;

@@ -42,8 +42,9 @@ use turnpike_core::wire::{
     HistoryEntry, InboundMessage, OutboundItem, OutboundKind, Role, WorkItem,
 };
 use turnpike_core::{subjects, ChatId, TurnId, FORMAT_VERSION};
-use turnpike_jetstream::{decode, Bus};
+use turnpike_jetstream::decode;
 use turnpike_store::turns;
+use turnpike_store::Bus;
 use turnpike_testkit::pipeline::Pipeline;
 use turnpike_testkit::NatsServer;
 

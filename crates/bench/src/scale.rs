@@ -82,10 +82,7 @@ Storage stays bounded by `retention_turns` (each ended record's TTL) with one re
 }
 
 /// `stored` finished turns in the turns bucket (16 writers), as it holds them after a long life.
-pub(crate) async fn fill_finished_turns(
-    bus: &turnpike_jetstream::Bus,
-    stored: usize,
-) -> Result<()> {
+pub(crate) async fn fill_finished_turns(bus: &turnpike_store::Bus, stored: usize) -> Result<()> {
     let chat = ChatId::new("stored")?;
     let template = lifecycle::create(
         NewTurn {
@@ -101,9 +98,10 @@ pub(crate) async fn fill_finished_turns(
         Timestamp(1_800_000_000_000),
     )
     .0;
+    let turns = crate::bucket(bus, turnpike_core::subjects::BUCKET_TURNS).await?;
     let mut handles = Vec::new();
     for w in 0..16 {
-        let kv = bus.turns.clone();
+        let kv = turns.clone();
         let mut rec = template.clone();
         handles.push(tokio::spawn(async move {
             for i in (w..stored).step_by(16) {

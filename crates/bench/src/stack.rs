@@ -103,10 +103,16 @@ pub(crate) async fn ended(bus: &Bus, turn: &TurnId) -> Result<turnpike_core::Tur
     }
 }
 
+/// A bucket opened directly, as `nats kv` would: for planting fixtures and reading what a run
+/// left, never how a role reaches stored state (that is `turnpike-store`).
+pub(crate) async fn bucket(bus: &Bus, name: &str) -> Result<async_nats::jetstream::kv::Store> {
+    Ok(bus.js.get_key_value(name).await?)
+}
+
 /// Publish one inbound message as a chat adapter would; returns its turn id.
 pub(crate) async fn send(bus: &Bus, chat: &ChatId, id: &str, text: &str) -> Result<TurnId> {
     let msg = inbound(chat, id, text);
-    turnpike_jetstream::publish_inbound(bus, &msg).await?;
+    turnpike_jetstream::publish_inbound(&bus.js, bus.codec, &msg).await?;
     Ok(msg.turn())
 }
 

@@ -7,7 +7,8 @@ use std::time::Duration;
 use turnpike_core::record::TurnState;
 use turnpike_core::wire::{Attachment, ChatRecord, InboundMessage, OutboundItem, OutboundKind};
 use turnpike_core::{subjects, ChatId, TurnId, TurnRecord};
-use turnpike_jetstream::{decode, decode_kv, Bus};
+use turnpike_jetstream::{decode, decode_kv};
+use turnpike_store::{views, Bus};
 
 /// How a followed turn ended, as an exit code for scripts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -90,7 +91,7 @@ pub async fn send_command(
 ) -> anyhow::Result<std::process::ExitCode> {
     use anyhow::Context;
     let chat = turnpike_core::ChatId::new(chat).context("--chat")?;
-    let bus = turnpike_jetstream::Bus::connect(config, "turnpike-send").await?;
+    let bus = turnpike_store::Bus::connect(config, "turnpike-send").await?;
     let id = id.unwrap_or_else(|| {
         format!(
             "cli-{}-{}",
@@ -128,10 +129,9 @@ pub async fn upload(
         let mut file = tokio::fs::File::open(f)
             .await
             .with_context(|| format!("open {}", f.display()))?;
-        bus.attachments
-            .put(object.as_str(), &mut file)
+        turnpike_store::attachments::put(bus, &object, &mut file)
             .await
-            .map_err(|e| anyhow::anyhow!("upload {} to the object store: {e}", f.display()))?;
+            .with_context(|| format!("upload {} to the object store", f.display()))?;
         out.push(Attachment { name, object });
     }
     Ok(out)
@@ -152,23 +152,15 @@ pub async fn send_and_follow(
         .subscribe(subjects::chat_out(chat))
         .await
         .context("subscribe to the chat's outbound subject")?;
-    let watch = bus
-        .turns
-        .watch(turn.as_str())
-        .await
-        .context("watch the turn record")?;
+    let watch = views::watch_turn(bus, &turn).await?;
     // The chat record says whether the turn really waits for an earlier one: every new turn is
     // created waiting and joins its chat a moment later.
-    let chat_watch = bus
-        .chats
-        .watch_with_history(chat.as_str())
-        .await
-        .context("watch the chat record")?;
+    let chat_watch = views::watch_chat(bus, chat).await?;
     let message = InboundMessage {
         attachments,
         ..InboundMessage::new(chat.clone(), id.clone(), text, Some("turnpike-cli".into()))
     };
-    turnpike_jetstream::publish_inbound(bus, &message)
+    turnpike_jetstream::publish_inbound(&bus.js, bus.codec, &message)
         .await
         .context("publish the message")?;
     printer.line(&format!("→ sent to {chat} as turn {turn}"));

@@ -10,8 +10,9 @@ use futures::StreamExt;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use turnpike_config::Config;
-use turnpike_core::{subjects, wire::RunnerPresence};
-use turnpike_jetstream::{decode_kv, now, Bus};
+use turnpike_core::subjects;
+use turnpike_jetstream::now;
+use turnpike_store::Bus;
 
 #[derive(Clone, Copy, Debug, clap::ValueEnum)]
 pub enum Check {
@@ -76,14 +77,9 @@ async fn check_role(check: Check, mut config: Config) -> Result<String> {
     match check {
         Check::Runner => {
             let id = turnpike_runner::runner_id(&config);
-            let entry = bus
-                .runners
-                .entry(id.as_str())
-                .await
-                .context("read runner presence")?
+            let presence = turnpike_store::runners::presence(&bus, &id)
+                .await?
                 .ok_or_else(|| anyhow!("runner {id} has no presence record"))?;
-            let presence: RunnerPresence =
-                decode_kv(&entry.value).context("runner presence record")?;
             let age = now().millis().saturating_sub(presence.at.millis());
             let limit = u64::try_from(config.lease.as_millis()).unwrap_or(u64::MAX);
             if age > limit {

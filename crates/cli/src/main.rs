@@ -13,7 +13,7 @@ use clap::{Parser, Subcommand};
 use std::path::PathBuf;
 use std::time::Duration;
 use turnpike_config::Config;
-use turnpike_jetstream::Bus;
+use turnpike_store::Bus;
 
 #[derive(Parser)]
 #[command(

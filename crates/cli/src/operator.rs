@@ -5,15 +5,15 @@
 
 use anyhow::{bail, Context, Result};
 use clap::Subcommand;
-use futures::StreamExt;
 use serde::Serialize;
 use std::process::ExitCode;
 use std::time::Duration;
 use turnpike_core::record::TurnState;
-use turnpike_core::wire::{ChatRecord, OpsReply, OpsRequest};
+use turnpike_core::wire::{OpsReply, OpsRequest};
 use turnpike_core::{subjects, ChatId, TurnId, TurnRecord};
-use turnpike_jetstream::{decode_kv, now, Bus};
+use turnpike_jetstream::now;
 use turnpike_store::turns;
+use turnpike_store::{views, Bus};
 
 pub mod cluster;
 
@@ -104,37 +104,19 @@ fn age(t: turnpike_core::Timestamp) -> String {
     }
 }
 
-async fn keys(kv: &async_nats::jetstream::kv::Store) -> Result<Vec<String>> {
-    let mut out = Vec::new();
-    let mut keys = match kv.keys().await {
-        Ok(k) => k,
-        Err(e) => bail!("cannot list keys: {e}"),
-    };
-    while let Some(k) = keys.next().await {
-        out.push(k.context("list keys")?);
-    }
-    out.sort();
-    Ok(out)
-}
-
 pub async fn turns_cmd(bus: &Bus, cmd: TurnsCmd, json: bool) -> Result<ExitCode> {
     match cmd {
         TurnsCmd::Ls { state, chat, all } => {
-            let ids = keys(if all { &bus.turns } else { &bus.live }).await?;
-            let mut records = Vec::new();
-            for id in ids {
-                let Ok(turn) = TurnId::new(id) else { continue };
-                if let Some(v) = turns::load(bus, &turn).await? {
-                    let r = v.record;
-                    if state.is_some_and(|s| s != r.state) {
-                        continue;
-                    }
-                    if chat.as_deref().is_some_and(|c| c != r.chat.as_str()) {
-                        continue;
-                    }
-                    records.push(r);
-                }
-            }
+            let ids = if all {
+                views::all_ids(bus).await?
+            } else {
+                views::live_ids(bus).await?
+            };
+            let mut records = views::records(bus, &ids).await?;
+            records.retain(|r| {
+                state.is_none_or(|s| s == r.state)
+                    && chat.as_deref().is_none_or(|c| c == r.chat.as_str())
+            });
             records.sort_by_key(|r| r.created_at);
             if json {
                 print_json(&records)?;
@@ -301,16 +283,7 @@ async fn action(bus: &Bus, subject: &str, req: &OpsRequest, json: bool) -> Resul
 pub async fn chats_cmd(bus: &Bus, cmd: ChatsCmd, json: bool) -> Result<ExitCode> {
     match cmd {
         ChatsCmd::Errored => {
-            let mut flagged = Vec::new();
-            for k in keys(&bus.chats).await? {
-                if let Ok(Some(v)) = bus.chats.get(&k).await {
-                    if let Ok(c) = decode_kv::<ChatRecord>(&v) {
-                        if c.errored.is_some() {
-                            flagged.push(c);
-                        }
-                    }
-                }
-            }
+            let flagged = views::errored_chats(bus).await?;
             if json {
                 print_json(&flagged)?;
             } else {

@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use turnpike_config::Config;
-use turnpike_jetstream::Bus;
+use turnpike_store::Bus;
 
 pub(crate) fn init_logs(config: &Config) {
     use std::io::IsTerminal;

@@ -9,7 +9,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use turnpike_config::{Backend, Config};
 use turnpike_core::ChatId;
-use turnpike_jetstream::Bus;
+use turnpike_store::Bus;
 
 fn state_dir(config: &Config) -> PathBuf {
     if let Some(d) = &config.state_dir {
@@ -203,13 +203,10 @@ async fn script(bus: &Bus, config: &Config) -> Result<bool> {
             println!("  ✗ expected {expected:?}, got {outcome:?}");
         }
     }
-    let errored = bus
-        .chats
-        .get("demo")
+    let errored = turnpike_store::views::chat(&bus, &chat)
         .await
         .ok()
         .flatten()
-        .and_then(|v| turnpike_jetstream::decode_kv::<turnpike_core::wire::ChatRecord>(&v).ok())
         .and_then(|c| c.errored);
     if let Some(e) = errored {
         println!(

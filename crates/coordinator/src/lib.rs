@@ -15,9 +15,10 @@ use turnpike_core::lifecycle::{Event, EventOutcome};
 use turnpike_core::subjects;
 use turnpike_core::wire::{ClaimHolder, RunnerEvent, RunnerEventKind};
 use turnpike_core::{RunnerId, TurnId};
-use turnpike_jetstream::{decode, Bus, BusError};
+use turnpike_jetstream::{decode, BusError};
 use turnpike_store::outbox;
 use turnpike_store::turns::{self, Applied, ApplyError};
+use turnpike_store::Bus;
 
 /// Events handled at once by one coordinator (one turn's go in its batches, one batch at a time;
 /// other coordinators' writes race through CAS).

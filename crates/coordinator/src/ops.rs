@@ -16,10 +16,11 @@ use turnpike_core::lifecycle::{self, Event, NewTurn, Unchanged};
 use turnpike_core::subjects;
 use turnpike_core::wire::{OperatorAction, OpsReply, OpsRequest, OpsStats};
 use turnpike_core::{TurnId, FORMAT_VERSION};
-use turnpike_jetstream::{decode, now, Bus, BusError};
+use turnpike_jetstream::{decode, now, BusError};
 use turnpike_store::admission;
 use turnpike_store::outbox;
 use turnpike_store::turns::{self, Applied, ApplyError};
+use turnpike_store::Bus;
 
 fn reply(
     ok: bool,
@@ -276,15 +277,16 @@ async fn clear(
 }
 
 async fn stats(bus: &Bus, counters: &Counters) -> OpsStats {
-    let mut live = BTreeMap::new();
-    if let Ok(mut keys) = bus.live.keys().await {
-        while let Some(Ok(k)) = keys.next().await {
-            let Ok(turn) = TurnId::new(k) else { continue };
-            if let Ok(Some(v)) = turns::load(bus, &turn).await {
-                *live.entry(v.record.state.to_string()).or_insert(0) += 1;
-            }
+    let live = match turnpike_store::views::live_turns(bus).await {
+        Ok(records) => turnpike_store::views::count_by_state(&records)
+            .into_iter()
+            .map(|(s, n)| (s.as_str().to_owned(), n))
+            .collect(),
+        Err(e) => {
+            tracing::warn!(error = %e, "live turns not counted for ops stats");
+            BTreeMap::new()
         }
-    }
+    };
     OpsStats {
         v: FORMAT_VERSION,
         counters: counters.snapshot(),

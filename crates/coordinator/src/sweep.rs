@@ -9,7 +9,6 @@
 //! - effects left in an ended turn's outbox are carried out, and the turn leaves the index.
 
 use crate::Counters;
-use futures::StreamExt;
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant, SystemTime};
 use tracing::{debug, info, warn};
@@ -21,11 +20,12 @@ use turnpike_core::recovery;
 use turnpike_core::subjects;
 use turnpike_core::wire::{ExitReport, RunnerEvent, RunnerEventKind, WorkItem};
 use turnpike_core::{RunnerId, TurnId, TurnRecord};
-use turnpike_jetstream::{decode, now, Bus, BusError};
-use turnpike_store::claims::Lease;
+use turnpike_jetstream::{decode, now, BusError};
 use turnpike_store::fence::{self, Losing};
+use turnpike_store::leases::Lease;
 use turnpike_store::outbox;
 use turnpike_store::turns::{self, ApplyError};
+use turnpike_store::Bus;
 
 /// What one sweep found; logged, and counted by operators' tools.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -99,18 +99,7 @@ async fn sweep_live(
     counters: &Counters,
     absent: &mut JudgeAbsent<'_>,
 ) -> Result<SweepReport, BusError> {
-    let mut keys = bus
-        .live
-        .keys()
-        .await
-        .map_err(|e| BusError::kv("list live turns", e))?;
-    let mut live = Vec::new();
-    while let Some(k) = keys.next().await {
-        match k {
-            Ok(k) => live.push(k),
-            Err(e) => return Err(BusError::kv("list live turns", e)),
-        }
-    }
+    let live = turnpike_store::live::keys(bus).await?;
     sweep_listed(bus, config, counters, live, absent).await
 }
 
@@ -131,10 +120,7 @@ pub async fn sweep_listed(
     };
     for key in listed {
         let Ok(turn) = TurnId::new(key.as_str()) else {
-            let _ = bus
-                .live
-                .purge_with_ttl(&key, std::time::Duration::from_secs(60))
-                .await;
+            let _ = turnpike_store::live::drop_key(bus, &key).await;
             continue;
         };
         match sweep_turn(bus, config, counters, &turn, &mut report, absent).await {
@@ -163,9 +149,9 @@ async fn sweep_turn(
 ) -> Result<(), ApplyError> {
     let Some(current) = turns::load(bus, turn).await? else {
         // The dispatcher indexes a turn just before creating it: only an old entry is stale.
-        if let Ok(Some(entry)) = bus.live.entry(turn.as_str()).await {
-            if age(entry.created) > config.lease {
-                let _ = outbox::unlist_live(bus, turn).await;
+        if let Ok(Some(listed)) = turnpike_store::live::listed_at(bus, turn).await {
+            if age(listed) > config.lease {
+                let _ = turnpike_store::live::unlist(bus, turn).await;
                 report.cleaned += 1;
             }
         }
@@ -188,7 +174,7 @@ async fn sweep_turn(
             // Only if it is still listed *now*: the pass's listing may be older than the
             // duplicate window, and a turn whose effects were carried out meanwhile (and that
             // left the index) must not send its notice again.
-            if !outbox::is_listed(bus, turn).await? {
+            if !turnpike_store::live::is_listed(bus, turn).await? {
                 return Ok(());
             }
             outbox::run_outbox(bus, current.clone()).await?;
@@ -232,7 +218,7 @@ async fn check_attempt_alive(
     // with another's. A claim that does not decode names no runner whose lease could be found.
     let key = subjects::claim_key(turn, k);
     let lease = match &claimed.runner {
-        Some(runner) => turnpike_store::claims::lease(bus, turn, k, runner).await?,
+        Some(runner) => turnpike_store::leases::state(bus, turn, k, runner).await?,
         None => Lease::Absent,
     };
     let (lease, lapsed_at) = match lease {
@@ -260,11 +246,12 @@ async fn check_attempt_alive(
     // runner's deadline. Defence in depth, not what makes the loss safe (the fence does), so a
     // marker that cannot be written never keeps the attempt from being settled.
     if let Some(runner) = &claimed.runner {
-        let marked = turnpike_jetstream::kv_delete(
-            &bus.js,
-            subjects::BUCKET_LEASES,
-            &subjects::lease_key(turn, k, runner),
-            Some(LOST_MARKER_TTL.max(config.lease * 4)),
+        let marked = turnpike_store::leases::mark_lost(
+            bus,
+            turn,
+            k,
+            runner,
+            LOST_MARKER_TTL.max(config.lease * 4),
         )
         .await;
         if let Err(e) = marked {

@@ -13,7 +13,8 @@ use tokio::sync::broadcast;
 use tokio_util::sync::CancellationToken;
 use turnpike_core::backoff::Backoff;
 use turnpike_core::subjects;
-use turnpike_jetstream::Bus;
+use turnpike_store::views::{self, Watched};
+use turnpike_store::Bus;
 
 /// One change: the bucket's short name (what pages watch) and the key.
 #[derive(Debug, Clone)]
@@ -28,17 +29,18 @@ pub const HELLO: &str = "hello";
 
 pub fn spawn(bus: Bus, shutdown: CancellationToken) -> broadcast::Sender<Change> {
     let (tx, _) = broadcast::channel(1024);
-    for (name, store) in [
-        ("turns", bus.turns.clone()),
-        ("live", bus.live.clone()),
-        ("chats", bus.chats.clone()),
-        ("runners", bus.runners.clone()),
+    for (name, which) in [
+        ("turns", Watched::Turns),
+        ("live", Watched::Live),
+        ("chats", Watched::Chats),
+        ("runners", Watched::Runners),
     ] {
+        let bus = bus.clone();
         let open = move || {
-            let store = store.clone();
+            let bus = bus.clone();
             async move {
-                let watch = store.watch_all().await?;
-                Ok::<_, async_nats::jetstream::kv::WatchError>(watch.map(move |e| {
+                let watch = views::watch(&bus, which).await?;
+                Ok::<_, turnpike_jetstream::BusError>(watch.map(move |e| {
                     e.map(|e| Change {
                         bucket: name,
                         key: e.key,

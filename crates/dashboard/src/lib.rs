@@ -16,7 +16,7 @@ use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use turnpike_config::Config;
-use turnpike_jetstream::Bus;
+use turnpike_store::Bus;
 
 pub use auth::{hash_password, SessionKey, Users};
 

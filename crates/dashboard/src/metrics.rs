@@ -105,7 +105,7 @@ impl ClusterMetrics {
 
     /// The gauges as last read; if they are older than [`REFRESH`] (or were never read), one
     /// read starts in the background, and a later scrape sees it.
-    pub fn cached(self: &std::sync::Arc<Self>, bus: &turnpike_jetstream::Bus) -> String {
+    pub fn cached(self: &std::sync::Arc<Self>, bus: &turnpike_store::Bus) -> String {
         use std::sync::atomic::Ordering;
         let (stale, text) = {
             let last = self.last.lock().unwrap_or_else(|p| p.into_inner());
@@ -131,7 +131,7 @@ impl ClusterMetrics {
     }
 
     /// Read the cluster now (the one place a whole scan happens, at most once per [`REFRESH`]).
-    async fn read(&self, bus: &turnpike_jetstream::Bus) -> Result<String, DashboardError> {
+    async fn read(&self, bus: &turnpike_store::Bus) -> Result<String, DashboardError> {
         let o = crate::read::overview(bus).await?;
         self.live.clear();
         for s in ["waiting", "queued", "running", "pending_retry"] {
@@ -141,18 +141,18 @@ impl ClusterMetrics {
                 })
                 .set(0);
         }
-        for (s, n) in &o.live {
+        for (s, n) in &o.cluster.live {
             self.live
                 .get_or_create(&StateLabel {
                     state: s.as_str().to_owned(),
                 })
                 .set(*n as i64);
         }
-        self.queue.set(o.queue_depth as i64);
-        self.runners.set(o.runners as i64);
-        self.slots.set(i64::from(o.slots));
-        self.slots_in_use.set(i64::from(o.slots_in_use));
-        self.errored.set(o.errored_chats as i64);
+        self.queue.set(o.cluster.queue_depth as i64);
+        self.runners.set(o.cluster.runners as i64);
+        self.slots.set(i64::from(o.cluster.slots));
+        self.slots_in_use.set(i64::from(o.cluster.slots_in_use));
+        self.errored.set(o.cluster.errored_chats as i64);
         self.coordinators.set(o.coordinators as i64);
         let mut out = String::new();
         encode(&mut out, &self.registry).map_err(|e| DashboardError::Read {

@@ -14,10 +14,11 @@ use turnpike_core::backoff::Backoff;
 use turnpike_core::lifecycle::{self, NewTurn};
 use turnpike_core::wire::InboundMessage;
 use turnpike_core::{subjects, ChatId, TurnId};
-use turnpike_jetstream::{dead_letter, decode, now, Bus, BusError};
+use turnpike_jetstream::{dead_letter, decode, now, BusError};
 use turnpike_store::admission;
 use turnpike_store::outbox;
 use turnpike_store::turns::{self, ApplyError};
+use turnpike_store::Bus;
 
 pub struct Dispatcher {
     bus: Bus,
@@ -375,11 +376,12 @@ impl Dispatcher {
         inbound: &InboundMessage,
     ) -> Result<Option<String>, BusError> {
         use turnpike_core::sizes::quote;
+        use turnpike_store::attachments::ObjectError;
         let c = &self.config;
         let max = c.attachment_max_bytes;
         let mut total = 0u64;
         for a in &inbound.attachments {
-            match self.bus.attachments.info(&a.object).await {
+            match turnpike_store::attachments::info(&self.bus, &a.object).await {
                 Ok(info) if info.size as u64 > max.0 => {
                     return Ok(Some(format!(
                         "attachment {} is {} bytes; the limit is {max}",
@@ -388,9 +390,7 @@ impl Dispatcher {
                     )))
                 }
                 Ok(info) => total += info.size as u64,
-                Err(e)
-                    if e.kind() == async_nats::jetstream::object_store::InfoErrorKind::NotFound =>
-                {
+                Err(ObjectError::Missing(_)) => {
                     return Ok(Some(format!(
                         "attachment {} (object {}) is not in the object store {}",
                         quote(&a.name),
@@ -398,12 +398,7 @@ impl Dispatcher {
                         subjects::OBJECTS_ATTACHMENTS
                     )))
                 }
-                Err(e) => {
-                    return Err(BusError::kv(
-                        format!("look up attachment {}", quote(&a.object)),
-                        e,
-                    ))
-                }
+                Err(ObjectError::Bus(e)) => return Err(e),
             }
         }
         if total > c.attachments_max_total_bytes.0 {

@@ -124,7 +124,8 @@ pub fn persistence(e: &(dyn std::error::Error + 'static)) -> Persistence {
 }
 
 impl BusError {
-    pub(crate) fn bucket(name: &'static str, e: impl Into<Source>) -> Self {
+    /// A bucket or object store that could not be opened.
+    pub fn bucket(name: &'static str, e: impl Into<Source>) -> Self {
         BusError::Bucket {
             name,
             source: e.into(),

@@ -230,12 +230,13 @@ fn humantime_rfc3339_seconds(at: Timestamp) -> String {
 /// Publish an inbound chat message as a chat adapter does: on `turnpike.chat.in.<chat>`, with its
 /// id as the dedup id (so a retried publish is never a second message).
 pub async fn publish_inbound(
-    bus: &crate::Bus,
+    js: &Context,
+    codec: Codec,
     msg: &turnpike_core::wire::InboundMessage,
 ) -> Result<PublishAck, BusError> {
-    Publish::new(bus.codec, subjects::chat_in(&msg.chat), msg)?
+    Publish::new(codec, subjects::chat_in(&msg.chat), msg)?
         .msg_id(&msg.id)
-        .send(&bus.js)
+        .send(js)
         .await
 }
 

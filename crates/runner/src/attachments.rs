@@ -9,7 +9,8 @@ use std::path::{Path, PathBuf};
 use tokio::io::AsyncWriteExt;
 use turnpike_config::Config;
 use turnpike_core::wire::WorkItem;
-use turnpike_jetstream::Bus;
+use turnpike_store::attachments::ObjectError;
+use turnpike_store::Bus;
 
 use crate::scratch::AttemptDir;
 
@@ -71,15 +72,12 @@ pub async fn fetch(bus: &Bus, config: &Config, work: &WorkItem) -> Result<Spool,
     let mut total = 0u64;
     for (i, a) in listed.iter().enumerate() {
         let what = format!("attachment {:?} (object {:?})", a.name, a.object);
-        let obj = bus.attachments.get(&a.object).await.map_err(|e| {
-            use async_nats::jetstream::object_store::GetErrorKind;
-            match e.kind() {
-                GetErrorKind::NotFound | GetErrorKind::InvalidName => {
-                    Refused(format!("{what} is not in the object store"))
-                }
-                _ => Unavailable(format!("{what} unavailable: {e}")),
-            }
-        })?;
+        let obj = turnpike_store::attachments::open(bus, &a.object)
+            .await
+            .map_err(|e| match e {
+                ObjectError::Missing(_) => Refused(format!("{what} is not in the object store")),
+                ObjectError::Bus(e) => Unavailable(format!("{what} unavailable: {e}")),
+            })?;
         let declared = obj.info().size as u64;
         if declared > max {
             return Err(Refused(format!(

@@ -4,7 +4,6 @@
 //! NATS never keeps a zombie attempt going after the coordinator may have declared it lost.
 
 use crate::Inner;
-use bytes::Bytes;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
@@ -12,29 +11,7 @@ use tracing::warn;
 use turnpike_core::exit::StopReason;
 use turnpike_core::{subjects, TurnId};
 use turnpike_jetstream::BusError;
-use turnpike_store::claims;
-
-/// Put `value` under `key` in a TTL bucket, expiring after `ttl` unless renewed; with
-/// `expect`, only if the key's last sequence is still that one. Returns the new sequence.
-pub(crate) async fn put_with_ttl(
-    inner: &Inner,
-    bucket: &str,
-    key: &str,
-    ttl: Duration,
-    value: Bytes,
-    expect: Option<u64>,
-) -> Result<u64, BusError> {
-    turnpike_jetstream::kv_put(&inner.bus.js, bucket, key, value, expect, Some(ttl)).await
-}
-
-/// `Some(seq)` if the lease key's last value is still our live lease (a write whose ack we
-/// missed), `None` if it lapsed or is someone else's.
-async fn still_ours(inner: &Inner, key: &str) -> Result<Option<u64>, BusError> {
-    let last = claims::last_value(&inner.bus, subjects::BUCKET_LEASES, key).await?;
-    Ok(last
-        .filter(|l| l.value.as_deref() == Some(inner.id.as_str().as_bytes()))
-        .map(|l| l.seq))
-}
+use turnpike_store::leases;
 
 /// Write the attempt's lease a heartbeat after its claim (sent at `claimed_at`), then hold it
 /// until dropped, after the exit is reported: renew it every heartbeat by compare-and-set, and
@@ -64,7 +41,6 @@ pub(crate) fn keep_alive(
         let key = subjects::lease_key(&turn, attempt, &inner.id);
         let lease = inner.config.lease;
         let beat = inner.config.heartbeat;
-        let value = Bytes::from(inner.id.to_string());
         // `last_ok` is when the last write that succeeded was *sent* (the server's TTL started
         // no earlier than that), or the claim's, before the first. `seq` is the lease's
         // sequence, none until it exists.
@@ -90,14 +66,7 @@ pub(crate) fn keep_alive(
             let expect = Some(seq.unwrap_or(0));
             let renewed = tokio::time::timeout(
                 budget,
-                put_with_ttl(
-                    &inner,
-                    subjects::BUCKET_LEASES,
-                    &key,
-                    lease,
-                    value.clone(),
-                    expect,
-                ),
+                leases::renew(&inner.bus, &key, &inner.id, lease, expect),
             )
             .await;
             // Every other request of this loop is bounded by the same deadline: one that waits for
@@ -116,7 +85,9 @@ pub(crate) fn keep_alive(
                     watchdog.send_replace(watchdog_deadline(last_ok, lease, beat));
                 }
                 Ok(Err(BusError::Fenced { .. })) => {
-                    match tokio::time::timeout(left(), still_ours(&inner, &key)).await {
+                    match tokio::time::timeout(left(), leases::held_by(&inner.bus, &key, &inner.id))
+                        .await
+                    {
                         Ok(Ok(Some(s))) => seq = Some(s),
                         Ok(Ok(None)) => {
                             if crate::stop::request(&stop, StopReason::LeaseLost) {

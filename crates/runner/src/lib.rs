@@ -25,7 +25,8 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 use turnpike_config::Config;
 use turnpike_core::{subjects, RunnerId};
-use turnpike_jetstream::{Bus, BusError};
+use turnpike_jetstream::BusError;
+use turnpike_store::Bus;
 
 #[derive(Debug, thiserror::Error)]
 pub enum RunnerError {
@@ -92,18 +93,6 @@ impl RunnerMetrics {
     }
 }
 
-/// This deployment, as its containers are labelled: when its runners bucket was made (every
-/// NATS system Turnpike runs on makes its own), so runners never judge another deployment's
-/// containers on a shared Docker host.
-async fn deployment(bus: &Bus) -> Result<String, BusError> {
-    let info = bus
-        .runners
-        .status()
-        .await
-        .map_err(|e| BusError::kv("read the runners bucket", e))?;
-    Ok(info.info.created.unix_timestamp_nanos().to_string())
-}
-
 /// The runner id: configured, or the host name.
 pub fn runner_id(config: &Config) -> RunnerId {
     match &config.runner_id {
@@ -167,7 +156,7 @@ impl Runner {
             }
             turnpike_config::Backend::Docker => {
                 let mut docker = DockerBackend::connect(&config, id.clone()).await?;
-                docker.set_deployment(deployment(&bus).await?);
+                docker.set_deployment(turnpike_store::runners::deployment(&bus).await?);
                 Backend::Docker(Box::new(docker))
             }
         };
@@ -256,13 +245,7 @@ impl Runner {
         let _ = reaper.await;
         kills.abort();
         // Going away: say so at once rather than letting the presence TTL run out.
-        let _ = turnpike_jetstream::kv_delete(
-            &inner.bus.js,
-            subjects::BUCKET_RUNNERS,
-            inner.id.as_str(),
-            None,
-        )
-        .await;
+        let _ = turnpike_store::runners::withdraw(&inner.bus, &inner.id).await;
         info!("runner stopped");
         Ok(())
     }
@@ -308,22 +291,8 @@ async fn announce(inner: Arc<Inner>) {
             version: env!("CARGO_PKG_VERSION").to_owned(),
             at: turnpike_jetstream::now(),
         };
-        match inner.bus.codec.encode(&presence) {
-            Ok(bytes) => {
-                if let Err(e) = lease::put_with_ttl(
-                    &inner,
-                    subjects::BUCKET_RUNNERS,
-                    inner.id.as_str(),
-                    ttl,
-                    bytes::Bytes::from(bytes),
-                    None,
-                )
-                .await
-                {
-                    warn!(error = %e, "presence not refreshed");
-                }
-            }
-            Err(e) => warn!(error = %e, "cannot encode presence"),
+        if let Err(e) = turnpike_store::runners::announce(&inner.bus, &presence, ttl).await {
+            warn!(error = %e, "presence not refreshed");
         }
         tokio::time::sleep(inner.config.heartbeat).await;
     }

@@ -89,16 +89,17 @@ async fn stray(
     if runner == inner.id.as_str() {
         return false;
     }
-    let present =
-        matches!(inner.bus.runners.get(runner.as_str()).await, Ok(Some(v)) if !v.is_empty());
-    if present {
-        return false;
-    }
     let Ok(runner) = turnpike_core::RunnerId::new(runner.as_str()) else {
         return false;
     };
+    if !matches!(
+        turnpike_store::runners::is_present(&inner.bus, &runner).await,
+        Ok(false)
+    ) {
+        return false;
+    }
     matches!(
-        turnpike_store::claims::lease(&inner.bus, turn, attempt, &runner).await,
-        Ok(turnpike_store::claims::Lease::Lapsed(_) | turnpike_store::claims::Lease::Absent)
+        turnpike_store::leases::state(&inner.bus, turn, attempt, &runner).await,
+        Ok(turnpike_store::leases::Lease::Lapsed(_) | turnpike_store::leases::Lease::Absent)
     )
 }

@@ -2,14 +2,13 @@
 //! if it is the chat's live turn, its admission (attempt 1 dispatched); or, when its record can
 //! never be created, leaving the chat so the next turn goes.
 
-use async_nats::jetstream::kv::CreateErrorKind;
-use bytes::Bytes;
+use crate::Bus;
 use turnpike_core::chat::Joined;
 use turnpike_core::lifecycle;
 use turnpike_core::TurnRecord;
-use turnpike_jetstream::{Bus, BusError};
 
-use crate::outbox::{abandon, admit, run_outbox, unlist_live};
+use crate::live;
+use crate::outbox::{abandon, admit, run_outbox};
 use crate::turns::{create, ApplyError, Versioned};
 
 /// Create a turn in its chat: the live index, the record (waiting), then its place in the chat's
@@ -30,15 +29,7 @@ pub async fn create_in_chat(
     // Into the live index first: a turn is never live without being findable by the sweep. A
     // create, not a put: whether the turn was listed already tells a replay below whether its
     // end's effects may still be owed.
-    let listed_here = match bus
-        .live
-        .create(turn.as_str(), Bytes::from(chat.to_string()))
-        .await
-    {
-        Ok(_) => true,
-        Err(e) if e.kind() == CreateErrorKind::AlreadyExists => false,
-        Err(e) => return Err(BusError::kv(format!("index live turn {turn}"), e).into()),
-    };
+    let listed_here = live::enlist(bus, &turn, &chat).await?;
     // An idle chat's new message: joined first, so the record is created admitted (one write
     // where creating it waiting and admitting it took two). A dispatcher that dies after the
     // join leaves the chat's live turn without a record: the replay of its message, not acked,
@@ -72,7 +63,7 @@ pub async fn create_in_chat(
         // carries them out (the sweep, if its coordinator died). If it was not, they were
         // carried out: unlist it again, or the sweep would carry them out a second time.
         if listed_here {
-            unlist_live(bus, &turn).await?;
+            live::unlist(bus, &turn).await?;
         }
         return Ok((current, created));
     }
@@ -97,11 +88,11 @@ pub async fn create_in_chat(
 /// (which an idle chat's message joins before its record is created) and the live index, and
 /// the chat's next turn goes. `record` is the record that could not be created.
 pub async fn withdraw(bus: &Bus, record: &TurnRecord) -> Result<(), ApplyError> {
-    if let Some((next, history)) = crate::chats::release(bus, record, bus.history).await? {
+    if let Some((next, history)) = crate::chats::release(bus, record).await? {
         if next != record.turn {
             admit(bus, &next, history, None).await?;
         }
     }
-    unlist_live(bus, &record.turn).await?;
+    live::unlist(bus, &record.turn).await?;
     Ok(())
 }

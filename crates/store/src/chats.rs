@@ -3,13 +3,14 @@
 //! compare-and-set, so dispatchers and coordinators may race safely.
 
 use crate::fence::Replies;
+use crate::Bus;
 use async_nats::jetstream::kv::{CreateErrorKind, UpdateErrorKind};
 use bytes::Bytes;
 use turnpike_core::chat;
 use turnpike_core::subjects;
 use turnpike_core::wire::{ChatRecord, HistoryEntry};
 use turnpike_core::{ChatId, TurnId, TurnRecord};
-use turnpike_jetstream::{decode_kv, now, Bus, BusError};
+use turnpike_jetstream::{decode_kv, now, BusError};
 
 const CAS_ATTEMPTS: usize = 100;
 
@@ -309,12 +310,13 @@ pub async fn inbound_taken(bus: &Bus, chat: &ChatId, seq: u64) -> Result<(), Bus
 /// A turn ended: if it was the live one, its message and bot replies join the history and the
 /// next waiting turn becomes live; if it was waiting (killed), it leaves the queue. Returns the
 /// chat's live turn afterwards (with the history to give it), which the caller admits —
-/// idempotent, so this is safe to carry out again after a crash.
+/// idempotent, so this is safe to carry out again after a crash. The history kept is
+/// `history_limit` entries of at most `history_max_bytes`.
 pub async fn release(
     bus: &Bus,
     record: &TurnRecord,
-    budget: turnpike_core::history::Budget,
 ) -> Result<Option<(TurnId, Vec<HistoryEntry>)>, BusError> {
+    let budget = bus.history;
     // Read outside the CAS loop: the replies are settled once the turn has ended. A failed read
     // is an error (retried), never "not live": that would drop the turn's replies from history.
     // The same read is the first compare-and-set's base.

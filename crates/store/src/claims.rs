@@ -1,31 +1,33 @@
-//! Attempt claims (`turnpike_claims`, key `<turn>.<attempt>`) and leases (`turnpike_leases`, key
-//! `<turn>.<attempt>.<runner>`). A claim is created once by the runner that runs the attempt (or
-//! by a cancellation) and never changes: the bucket refuses a second message on a key
-//! (`discard_new_per_subject`) and any roll-up, so not even a runner's NATS user can replace one.
-//! A lease is written by the claimant alone (its key names it, and only its user may write
-//! there) a heartbeat after the claim (a shorter run writes none), and renewed until the exit
-//! is reported. Both are read here from the stream leader, so an acknowledged write is never
-//! missed.
+//! Attempt claims (`turnpike_claims`, key `<turn>.<attempt>`). A claim is created once by the
+//! runner that runs the attempt (or by a cancellation) and never changes: the bucket refuses a
+//! second message on a key (`discard_new_per_subject`) and any roll-up, so not even a runner's
+//! NATS user can replace one. Claims, like leases ([`crate::leases`]), are read from the stream
+//! leader, so an acknowledged write is never missed.
 
+use crate::Bus;
 use async_nats::jetstream::stream::LastRawMessageErrorKind;
 use bytes::Bytes;
 use turnpike_core::subjects;
 use turnpike_core::wire::{ClaimHolder, ClaimRecord};
 use turnpike_core::{RunnerId, Timestamp, TurnId};
-use turnpike_jetstream::{decode_kv, Bus, BusError};
+use turnpike_jetstream::{decode_kv, BusError};
 
 /// A KV key's last message, as the stream leader has it.
 #[derive(Debug, Clone)]
-pub struct KvLast {
-    pub seq: u64,
+pub(crate) struct KvLast {
+    pub(crate) seq: u64,
     /// When the server stored it.
-    pub time: Timestamp,
+    pub(crate) time: Timestamp,
     /// `None` for a delete or purge marker, the server's own marker of a lapsed TTL included.
-    pub value: Option<Bytes>,
+    pub(crate) value: Option<Bytes>,
 }
 
 /// The last message of `key` in KV bucket `bucket`; `None` if the key has none at all.
-pub async fn last_value(bus: &Bus, bucket: &str, key: &str) -> Result<Option<KvLast>, BusError> {
+pub(crate) async fn last_value(
+    bus: &Bus,
+    bucket: &str,
+    key: &str,
+) -> Result<Option<KvLast>, BusError> {
     let stream = bus
         .js
         .get_stream_no_info(format!("KV_{bucket}"))
@@ -133,35 +135,4 @@ pub async fn claim(bus: &Bus, turn: &TurnId, attempt: u32) -> Result<Claimed, Bu
             },
         },
     })
-}
-
-/// An attempt's lease, as stored.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Lease {
-    /// Renewed within its TTL.
-    Live,
-    /// The server removed it when its TTL ran out, or the sweep took it away, at this time (by
-    /// the server's clock): a marker is left.
-    Lapsed(Timestamp),
-    /// No trace of one: not written yet (a run's first heartbeat), or lapsed so long ago that
-    /// its marker expired too. Only time tells which ([`turnpike_core::recovery::absent_lease`]).
-    Absent,
-}
-
-/// `runner`'s lease on `attempt`. Only that runner writes it (the key names it), so a marker
-/// means its lease lapsed (judged by the server: no clocks compared) or was taken away.
-pub async fn lease(
-    bus: &Bus,
-    turn: &TurnId,
-    attempt: u32,
-    runner: &RunnerId,
-) -> Result<Lease, BusError> {
-    let key = subjects::lease_key(turn, attempt, runner);
-    Ok(
-        match last_value(bus, subjects::BUCKET_LEASES, &key).await? {
-            Some(KvLast { value: Some(_), .. }) => Lease::Live,
-            Some(KvLast { time, .. }) => Lease::Lapsed(time),
-            None => Lease::Absent,
-        },
-    )
 }

@@ -4,6 +4,7 @@
 //! for what its writer may say. Every read goes to the stream leader (the chat-out stream has no
 //! direct gets), which holds every acknowledged marker.
 
+use crate::Bus;
 use async_nats::jetstream::stream::{LastRawMessageErrorKind, Stream};
 use std::time::Duration;
 use turnpike_core::backoff::Backoff;
@@ -11,7 +12,7 @@ use turnpike_core::fence::{self, FenceHolder, FenceMarker, FenceWriter, Last};
 use turnpike_core::subjects;
 use turnpike_core::wire::{Landed, OutboundItem, OutboundKind};
 use turnpike_core::{ChatId, RunnerId, Timestamp, TurnId, FORMAT_VERSION};
-use turnpike_jetstream::{decode, Bus, BusError, Publish};
+use turnpike_jetstream::{decode, BusError, Publish};
 
 /// Compare-and-set rounds before giving up: each lost round means another writer moved the
 /// fence, and there are at most a handful of writers per turn.

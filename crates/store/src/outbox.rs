@@ -10,13 +10,14 @@
 use crate::turns::{
     apply_event, apply_event_from, compact, encode, Applied, ApplyError, Versioned,
 };
+use crate::Bus;
 use bytes::Bytes;
 use tracing::{debug, warn};
 use turnpike_core::lifecycle::{Effect, Event, Unchanged};
 use turnpike_core::subjects::{self, msg_id};
 use turnpike_core::wire::{ClaimHolder, ClaimRecord, KillRequest, OutboundItem, OutboundKind};
 use turnpike_core::{TurnId, TurnRecord, FORMAT_VERSION};
-use turnpike_jetstream::{now, Bus, BusError, Publish};
+use turnpike_jetstream::{now, BusError, Publish};
 
 /// Carry out every effect in the record's outbox; if the turn ended, then drop it from the live
 /// index.
@@ -39,7 +40,7 @@ pub async fn run_outbox(bus: &Bus, current: Versioned) -> Result<Versioned, Appl
     }
     admit_chain(bus, next).await?;
     if current.record.state.is_terminal() {
-        unlist_live(bus, &current.record.turn).await?;
+        crate::live::unlist(bus, &current.record.turn).await?;
     }
     Ok(current)
 }
@@ -53,20 +54,12 @@ pub async fn run_owed(bus: &Bus, applied: Applied) -> Result<Versioned, ApplyErr
         Applied::Changed { current, .. } => return run_outbox(bus, current).await,
         Applied::Unchanged(_, current) => current,
     };
-    if current.record.state.is_terminal() && !is_listed(bus, &current.record.turn).await? {
+    if current.record.state.is_terminal()
+        && !crate::live::is_listed(bus, &current.record.turn).await?
+    {
         return Ok(current);
     }
     run_outbox(bus, current).await
-}
-
-/// Is the turn in the live index (not ended, or ended with effects perhaps still owed)?
-pub async fn is_listed(bus: &Bus, turn: &TurnId) -> Result<bool, BusError> {
-    let entry = bus
-        .live
-        .entry(turn.as_str())
-        .await
-        .map_err(|e| BusError::kv(format!("read live index for {turn}"), e))?;
-    Ok(entry.is_some_and(|e| !e.value.is_empty()))
 }
 
 /// The chat's next turn, released by a turn's end, to be admitted with the chat's history.
@@ -181,7 +174,7 @@ async fn admit_one(
         // Ended before it could start (killed between its creation and its joining the chat):
         // it must not hold its chat. Let it go, and admit the chat's next turn instead.
         debug!(turn_id = %turn, "the chat's next turn had already ended; releasing it");
-        match crate::chats::release(bus, &current.record, bus.history).await? {
+        match crate::chats::release(bus, &current.record).await? {
             Some((next, h)) if next != turn => {
                 turn = next;
                 history = h;
@@ -217,8 +210,8 @@ async fn send_kill(bus: &Bus, record: &TurnRecord, attempt: u32) -> Result<(), B
         .map_err(|e| BusError::publish(subjects::kill(turn), e))
 }
 
-/// Carry out one effect. Idempotent: dedup ids, one schedule subject per attempt, CAS writes.
 /// Carry out one effect of `record` (and, if it ends the turn, start the chat's next turn).
+/// Idempotent: dedup ids, one schedule subject per attempt, CAS writes.
 pub async fn execute(bus: &Bus, record: &TurnRecord, effect: &Effect) -> Result<(), BusError> {
     let next = execute_own(bus, record, effect).await?;
     admit_chain(bus, next.into_iter().collect()).await
@@ -230,138 +223,146 @@ async fn execute_own(
     record: &TurnRecord,
     effect: &Effect,
 ) -> Result<Option<NextTurn>, BusError> {
-    let turn = &record.turn;
     match effect {
         Effect::DispatchAttempt {
             attempt,
             not_before,
-        } => {
-            let work = record.work_item(*attempt);
-            let run_subject = subjects::work_run(turn);
-            let publish = match not_before {
-                // A scheduled message loses its Nats-Msg-Id when it fires; the per-attempt
-                // claim stops a second run instead.
-                Some(at) => {
-                    Publish::new(bus.codec, subjects::work_schedule(turn, *attempt), &work)?
-                        .schedule_at(*at, &run_subject)
-                }
-                None => Publish::new(bus.codec, run_subject, &work)?
-                    .msg_id(&msg_id::work(turn, *attempt)),
-            };
-            publish
-                .header(subjects::HDR_TURN, turn.as_str())
-                .header(subjects::HDR_ATTEMPT, &attempt.to_string())
-                .send(&bus.js)
-                .await?;
-        }
-        Effect::Notify { text, attempt, .. } => {
-            let item = OutboundItem {
-                v: FORMAT_VERSION,
-                kind: OutboundKind::Notice,
-                chat: record.chat.clone(),
-                turn: turn.clone(),
-                attempt: *attempt,
-                text: text.clone(),
-                status_id: None,
-                r#final: false,
-            };
-            Publish::new(bus.codec, subjects::chat_out(&record.chat), &item)?
-                .msg_id(&msg_id::notice(turn))
-                .header(subjects::HDR_TURN, turn.as_str())
-                .header(subjects::HDR_KIND, "notice")
-                .send(&bus.js)
-                .await?;
-        }
+        } => dispatch(bus, record, *attempt, *not_before).await?,
+        Effect::Notify { text, attempt, .. } => notify(bus, record, *attempt, text).await?,
         Effect::FlagChatErrored { reason, cause } => {
-            crate::chats::flag_errored(bus, record, reason, *cause).await?;
+            crate::chats::flag_errored(bus, record, reason, *cause).await?
         }
         Effect::ForwardKill { attempt } => {
             // The fence move is the kill: durable, and from it on nothing of the turn lands. The
             // plain message only makes the runner stop at once instead of at its next heartbeat.
-            crate::fence::kill(bus, turn, *attempt, killed_by(record)).await?;
+            crate::fence::kill(bus, &record.turn, *attempt, killed_by(record)).await?;
             send_kill(bus, record, *attempt).await?;
         }
-        Effect::CancelAttempt { attempt } => {
-            // Drop the schedule if it has not fired, and take the claim so no runner starts it.
-            let stream = bus
-                .js
-                .get_stream(subjects::STREAM_WORK)
-                .await
-                .map_err(|e| BusError::kv("open work stream", e))?;
-            stream
-                .purge()
-                .filter(subjects::work_schedule(turn, *attempt))
-                .await
-                .map_err(|e| BusError::kv(format!("purge schedule of {turn}.{attempt}"), e))?;
-            let claim = ClaimRecord {
-                v: FORMAT_VERSION,
-                turn: turn.clone(),
-                attempt: *attempt,
-                holder: ClaimHolder::Cancelled,
-                at: now(),
-                token: None,
-            };
-            // A cancellation found cancelled already (its own, written before a crash, or
-            // another's) is as good as one written now.
-            let claimed = matches!(
-                crate::claims::create(bus, &claim).await?,
-                crate::claims::Created::Held(ClaimRecord {
-                    holder: ClaimHolder::Runner { .. },
-                    ..
-                })
-            );
-            // A runner may hold the claim already, before or after taking the fence: the fence
-            // move stops it either way (it takes the fence by compare-and-set).
-            crate::fence::kill(bus, turn, *attempt, killed_by(record)).await?;
-            if claimed {
-                debug!(%turn, attempt, "cancelled attempt was already claimed; its fence is moved and its runner told");
-                send_kill(bus, record, *attempt).await?;
-            }
-        }
-        Effect::Ended { state } => {
-            // Close the turn's live-progress message.
-            let last = OutboundItem {
-                v: FORMAT_VERSION,
-                kind: OutboundKind::Status,
-                chat: record.chat.clone(),
-                turn: turn.clone(),
-                attempt: record.attempt,
-                text: state.to_string(),
-                status_id: Some(subjects::status_id(turn)),
-                r#final: true,
-            };
-            Publish::new(bus.codec, subjects::chat_out(&record.chat), &last)?
-                .msg_id(&msg_id::status_final(turn))
-                .header(subjects::HDR_TURN, turn.as_str())
-                .header(subjects::HDR_KIND, "status")
-                .send(&bus.js)
-                .await?;
-            // The chat's next turn goes (the caller admits it: no recursion into apply here).
-            if let Some((next, history)) = crate::chats::release(bus, record, bus.history).await? {
-                if &next != turn {
-                    return Ok(Some(NextTurn {
-                        turn: next,
-                        history,
-                        known: None,
-                    }));
-                }
-            }
-        }
+        Effect::CancelAttempt { attempt } => cancel(bus, record, *attempt).await?,
+        Effect::Ended { state } => return end(bus, record, *state).await,
     }
     Ok(None)
 }
 
-/// How long the purge marker of an ended turn stays in the live index. Long enough for a sweep
-/// that listed the key just before to see it gone; short, so the sweep's listing grows with live
-/// turns only, never with the turns that ended in the bucket's lifetime.
-const LIVE_MARKER_TTL: std::time::Duration = std::time::Duration::from_secs(60);
+/// Publish attempt `attempt` to the work stream: at once, or scheduled for `not_before`.
+async fn dispatch(
+    bus: &Bus,
+    record: &TurnRecord,
+    attempt: u32,
+    not_before: Option<turnpike_core::Timestamp>,
+) -> Result<(), BusError> {
+    let turn = &record.turn;
+    let work = record.work_item(attempt);
+    let run_subject = subjects::work_run(turn);
+    let publish = match not_before {
+        // A scheduled message loses its Nats-Msg-Id when it fires; the per-attempt claim stops
+        // a second run instead.
+        Some(at) => Publish::new(bus.codec, subjects::work_schedule(turn, attempt), &work)?
+            .schedule_at(at, &run_subject),
+        None => Publish::new(bus.codec, run_subject, &work)?.msg_id(&msg_id::work(turn, attempt)),
+    };
+    publish
+        .header(subjects::HDR_TURN, turn.as_str())
+        .header(subjects::HDR_ATTEMPT, &attempt.to_string())
+        .send(&bus.js)
+        .await?;
+    Ok(())
+}
 
-/// Drop a turn from the live index, leaving a purge marker that expires by itself.
-pub async fn unlist_live(bus: &Bus, turn: &TurnId) -> Result<(), BusError> {
-    bus.live
-        .purge_with_ttl(turn.as_str(), LIVE_MARKER_TTL)
+/// Tell the chat `text` (a retry's or a give-up's notice): once per turn, by its dedup id.
+async fn notify(bus: &Bus, record: &TurnRecord, attempt: u32, text: &str) -> Result<(), BusError> {
+    let item = OutboundItem {
+        v: FORMAT_VERSION,
+        kind: OutboundKind::Notice,
+        chat: record.chat.clone(),
+        turn: record.turn.clone(),
+        attempt,
+        text: text.to_owned(),
+        status_id: None,
+        r#final: false,
+    };
+    publish_out(bus, &item, &msg_id::notice(&record.turn)).await
+}
+
+/// Drop attempt `attempt`'s schedule if it has not fired, and take its claim so no runner starts
+/// it; a runner that holds it already is fenced out and told.
+async fn cancel(bus: &Bus, record: &TurnRecord, attempt: u32) -> Result<(), BusError> {
+    let turn = &record.turn;
+    let stream = bus
+        .js
+        .get_stream(subjects::STREAM_WORK)
         .await
-        .map_err(|e| BusError::kv(format!("drop {turn} from live index"), e))
+        .map_err(|e| BusError::kv("open work stream", e))?;
+    stream
+        .purge()
+        .filter(subjects::work_schedule(turn, attempt))
+        .await
+        .map_err(|e| BusError::kv(format!("purge schedule of {turn}.{attempt}"), e))?;
+    let claim = ClaimRecord {
+        v: FORMAT_VERSION,
+        turn: turn.clone(),
+        attempt,
+        holder: ClaimHolder::Cancelled,
+        at: now(),
+        token: None,
+    };
+    // A cancellation found cancelled already (its own, written before a crash, or another's) is
+    // as good as one written now.
+    let claimed = matches!(
+        crate::claims::create(bus, &claim).await?,
+        crate::claims::Created::Held(ClaimRecord {
+            holder: ClaimHolder::Runner { .. },
+            ..
+        })
+    );
+    // A runner may hold the claim already, before or after taking the fence: the fence move
+    // stops it either way (it takes the fence by compare-and-set).
+    crate::fence::kill(bus, turn, attempt, killed_by(record)).await?;
+    if claimed {
+        debug!(%turn, attempt, "cancelled attempt was already claimed; its fence is moved and its runner told");
+        send_kill(bus, record, attempt).await?;
+    }
+    Ok(())
+}
+
+/// The turn ended in `state`: close its live-progress message and release its chat. Returns
+/// the chat's next turn, which the caller admits (no recursion into apply here).
+async fn end(
+    bus: &Bus,
+    record: &TurnRecord,
+    state: turnpike_core::TurnState,
+) -> Result<Option<NextTurn>, BusError> {
+    let turn = &record.turn;
+    let last = OutboundItem {
+        v: FORMAT_VERSION,
+        kind: OutboundKind::Status,
+        chat: record.chat.clone(),
+        turn: turn.clone(),
+        attempt: record.attempt,
+        text: state.to_string(),
+        status_id: Some(subjects::status_id(turn)),
+        r#final: true,
+    };
+    publish_out(bus, &last, &msg_id::status_final(turn)).await?;
+    Ok(match crate::chats::release(bus, record).await? {
+        Some((next, history)) if &next != turn => Some(NextTurn {
+            turn: next,
+            history,
+            known: None,
+        }),
+        _ => None,
+    })
+}
+
+/// Publish `item` on its chat's output, with its dedup id and the headers readers filter by.
+async fn publish_out(bus: &Bus, item: &OutboundItem, dedup: &str) -> Result<(), BusError> {
+    Publish::new(bus.codec, subjects::chat_out(&item.chat), item)?
+        .msg_id(dedup)
+        .header(subjects::HDR_TURN, item.turn.as_str())
+        .header(subjects::HDR_KIND, item.kind.as_str())
+        .send(&bus.js)
+        .await?;
+    Ok(())
 }
 
 /// End a turn that cannot go on because a step failed in a way no retry changes (a payload

@@ -3,12 +3,13 @@
 //! its chat through `admission`). Shared by the dispatcher (which creates turns) and the
 //! coordinator (which applies runner events).
 
+use crate::Bus;
 use async_nats::jetstream::kv::{CreateErrorKind, UpdateErrorKind};
 use bytes::Bytes;
 use tracing::debug;
 use turnpike_core::lifecycle::{self, Effect, Event, EventOutcome, TransitionError, Unchanged};
 use turnpike_core::{TurnId, TurnRecord};
-use turnpike_jetstream::{decode_kv, now, Bus, BusError};
+use turnpike_jetstream::{decode_kv, now, BusError};
 
 /// A record and the KV revision it was read at.
 #[derive(Debug, Clone)]

@@ -6,7 +6,7 @@ use std::time::Duration;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use turnpike_config::Config;
-use turnpike_jetstream::Bus;
+use turnpike_store::Bus;
 
 /// A config for tests: the given server, the process backend running the test agent, short
 /// delays (tests that check the real values set their own).

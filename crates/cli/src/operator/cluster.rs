@@ -1,31 +1,19 @@
 //! What the cluster is doing: `runners`, `status` and `watch`.
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use futures::StreamExt;
 use serde::Serialize;
 use std::process::ExitCode;
 use turnpike_core::record::TurnState;
-use turnpike_core::wire::{ChatErrorCause, ChatRecord, RunnerPresence};
-use turnpike_core::{subjects, TurnId, TurnRecord};
-use turnpike_jetstream::{decode_kv, now, Bus};
-use turnpike_store::turns;
+use turnpike_core::TurnRecord;
+use turnpike_jetstream::{decode_kv, now};
+use turnpike_store::views;
+use turnpike_store::Bus;
 
-use super::{age, keys, print_json, table};
-
-async fn presences(bus: &Bus) -> Result<Vec<RunnerPresence>> {
-    let mut out = Vec::new();
-    for k in keys(&bus.runners).await? {
-        if let Ok(Some(v)) = bus.runners.get(&k).await {
-            if let Ok(p) = decode_kv::<RunnerPresence>(&v) {
-                out.push(p);
-            }
-        }
-    }
-    Ok(out)
-}
+use super::{age, print_json, table};
 
 pub async fn runners_cmd(bus: &Bus, json: bool) -> Result<ExitCode> {
-    let runners = presences(bus).await?;
+    let runners = views::runners(bus).await?;
     if json {
         print_json(&runners)?;
     } else {
@@ -64,57 +52,18 @@ struct Status {
 }
 
 pub async fn status_cmd(bus: &Bus, json: bool) -> Result<ExitCode> {
-    let mut consumer: async_nats::jetstream::consumer::PullConsumer =
-        turnpike_jetstream::consume::durable(
-            &bus.js,
-            subjects::STREAM_WORK,
-            subjects::CONSUMER_RUNNERS,
-        )
-        .await?;
-    let queue_depth = consumer
-        .info()
-        .await
-        .context("read the work queue")?
-        .num_pending;
-    let mut s = Status {
-        queue_depth,
-        running: 0,
-        queued: 0,
-        pending_retry: 0,
-        waiting: 0,
-        gave_up_last_hour: 0,
-        runners: 0,
-        slots: 0,
-        slots_in_use: 0,
+    let c = views::cluster(bus, now()).await?;
+    let s = Status {
+        queue_depth: c.queue_depth,
+        running: c.live_in(TurnState::Running),
+        queued: c.live_in(TurnState::Queued),
+        pending_retry: c.live_in(TurnState::PendingRetry),
+        waiting: c.live_in(TurnState::Waiting),
+        gave_up_last_hour: c.gave_up_last_hour as u64,
+        runners: c.runners,
+        slots: c.slots,
+        slots_in_use: c.slots_in_use,
     };
-    for id in keys(&bus.live).await? {
-        let Ok(turn) = TurnId::new(id) else { continue };
-        if let Some(v) = turns::load(bus, &turn).await? {
-            match v.record.state {
-                TurnState::Running => s.running += 1,
-                TurnState::Queued => s.queued += 1,
-                TurnState::PendingRetry => s.pending_retry += 1,
-                TurnState::Waiting => s.waiting += 1,
-                _ => {}
-            }
-        }
-    }
-    let hour_ago = now().millis().saturating_sub(3_600_000);
-    for k in keys(&bus.chats).await? {
-        if let Ok(Some(v)) = bus.chats.get(&k).await {
-            if let Ok(c) = decode_kv::<ChatRecord>(&v) {
-                if c.errored.is_some_and(|e| {
-                    e.at.millis() >= hour_ago && e.cause == Some(ChatErrorCause::GaveUp)
-                }) {
-                    s.gave_up_last_hour += 1;
-                }
-            }
-        }
-    }
-    let runners = presences(bus).await?;
-    s.runners = runners.len();
-    s.slots = runners.iter().map(|r| r.slots).sum();
-    s.slots_in_use = runners.iter().map(|r| r.slots_in_use).sum();
     if json {
         print_json(&s)?;
     } else {
@@ -148,11 +97,7 @@ pub async fn watch_cmd(
     json: bool,
     limit: Option<usize>,
 ) -> Result<ExitCode> {
-    let mut watch = bus
-        .turns
-        .watch_all()
-        .await
-        .context("watch the turns bucket")?;
+    let mut watch = views::watch(bus, views::Watched::Turns).await?;
     let mut seen = 0;
     while let Some(entry) = watch.next().await {
         let Ok(entry) = entry else { continue };

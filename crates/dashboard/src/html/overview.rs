@@ -3,19 +3,16 @@
 use super::*;
 
 pub struct Overview {
+    /// The coordinators' counters, summed, and how many answered.
     pub counters: CountersSnapshot,
     pub coordinators: usize,
-    pub live: Vec<(TurnState, u64)>,
-    pub queue_depth: u64,
-    pub runners: usize,
-    pub slots: u32,
-    pub slots_in_use: u32,
-    pub errored_chats: usize,
+    pub cluster: turnpike_store::views::Cluster,
 }
 
 pub fn overview(o: &Overview, now: Timestamp) -> Page {
     let c = &o.counters;
     let h = &c.last_hour;
+    let cl = &o.cluster;
     // A coordinator younger than an hour has counted only since it started: say so.
     let young = c.window_start_ms > now.millis().saturating_sub(3_600_000) + 60_000;
     let body = html! {
@@ -43,18 +40,18 @@ pub fn overview(o: &Overview, now: Timestamp) -> Page {
             }
             div.card { h2 { "Live turns" }
                 dl {
-                    @for (s, n) in &o.live { dt { (state(*s)) } dd { (n) } }
-                    dt { "work queue" } dd #queue { (o.queue_depth) }
+                    @for (s, n) in &cl.live { dt { (state(*s)) } dd { (n) } }
+                    dt { "work queue" } dd #queue { (cl.queue_depth) }
                 }
             }
             div.card { h2 { "Capacity" }
                 dl {
-                    dt { "runners" } dd { (o.runners) }
-                    dt { "slots in use" } dd { (o.slots_in_use) " / " (o.slots) }
+                    dt { "runners" } dd { (cl.runners) }
+                    dt { "slots in use" } dd { (cl.slots_in_use) " / " (cl.slots) }
                 }
             }
             div.card { h2 { a href="/errored" { "Errored chats" } }
-                p.big #errored-count { (o.errored_chats) }
+                p.big #errored-count { (cl.errored_chats) }
             }
         }
     };

@@ -14,7 +14,8 @@ use std::time::Duration;
 use tokio::sync::broadcast;
 use tokio_util::sync::CancellationToken;
 use turnpike_config::Config;
-use turnpike_jetstream::{now, Bus};
+use turnpike_jetstream::now;
+use turnpike_store::Bus;
 
 use crate::auth::{LoginLimiter, Session, SESSION_COOKIE};
 use crate::changes::Change;
@@ -268,7 +269,7 @@ pub(super) fn not_found(state: &State, s: &Session, headers: &HeaderMap, what: &
     (StatusCode::NOT_FOUND, page).into_response()
 }
 
-pub(super) fn failed(e: crate::DashboardError) -> Response {
+pub(super) fn failed(e: impl std::fmt::Display) -> Response {
     tracing::warn!(error = %e, "dashboard read failed");
     (
         StatusCode::SERVICE_UNAVAILABLE,

@@ -10,20 +10,17 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use turnpike_core::backoff::Backoff;
-use turnpike_core::subjects;
 use turnpike_jetstream::now;
 
 /// End `s` here at once, and (through the bucket) on every dashboard.
 pub(crate) async fn revoke(state: &State, s: &Session) {
     state.note_revoked(s.nonce.clone(), s.expires_ms);
     let left = Duration::from_millis(s.expires_ms.saturating_sub(now().millis()));
-    let put = turnpike_jetstream::kv_put(
-        &state.bus.js,
-        subjects::BUCKET_SESSIONS,
+    let put = turnpike_store::sessions::revoke(
+        &state.bus,
         &s.nonce,
-        bytes::Bytes::from(s.expires_ms.to_string()),
-        None,
-        Some(left.max(Duration::from_secs(1))),
+        s.expires_ms,
+        left.max(Duration::from_secs(1)),
     )
     .await;
     if let Err(e) = put {
@@ -37,19 +34,7 @@ pub(crate) async fn follow(state: Arc<State>, shutdown: CancellationToken) {
     let reopen = || Backoff::doubling(Duration::from_millis(200), Duration::from_secs(5));
     let mut waits = reopen();
     while !shutdown.is_cancelled() {
-        let watch = async {
-            let store = state
-                .bus
-                .js
-                .get_key_value(subjects::BUCKET_SESSIONS)
-                .await
-                .map_err(|e| e.to_string())?;
-            store
-                .watch_with_history(">")
-                .await
-                .map_err(|e| e.to_string())
-        };
-        match watch.await {
+        match turnpike_store::sessions::watch_revoked(&state.bus).await {
             Ok(mut entries) => {
                 waits = reopen();
                 loop {
@@ -57,10 +42,7 @@ pub(crate) async fn follow(state: Arc<State>, shutdown: CancellationToken) {
                         _ = shutdown.cancelled() => return,
                         e = entries.next() => match e {
                             Some(Ok(e)) => {
-                                let expires = std::str::from_utf8(&e.value)
-                                    .ok()
-                                    .and_then(|v| v.parse().ok());
-                                if let Some(expires) = expires {
+                                if let Some(expires) = turnpike_store::sessions::expires_ms(&e) {
                                     state.note_revoked(e.key, expires);
                                 }
                             }

@@ -8,6 +8,7 @@ use axum::http::HeaderMap;
 use axum::response::Response;
 use turnpike_core::{ChatId, TurnId};
 use turnpike_jetstream::now;
+use turnpike_store::views;
 
 pub(super) async fn overview(AxState(state): AxState<Shared>, headers: HeaderMap) -> Response {
     let s = logged_in!(state, headers, "/");
@@ -46,7 +47,7 @@ pub(super) async fn errored(
     Query(f): Query<Filter>,
 ) -> Response {
     let s = logged_in!(state, headers, "/errored");
-    let chats = match read::chats(&state.bus).await {
+    let chats = match views::chats(&state.bus).await {
         Ok(c) => c,
         Err(e) => return failed(e),
     };
@@ -80,19 +81,19 @@ pub(super) async fn live(
     // A chat filter reads only that chat's live and waiting turns.
     let ids = match f.chat.as_deref().filter(|c| !c.is_empty()) {
         Some(c) => match ChatId::new(c) {
-            Ok(chat) => match read::chat(bus, &chat).await {
+            Ok(chat) => match views::chat(bus, &chat).await {
                 Ok(Some(rec)) => rec.live.into_iter().chain(rec.waiting).collect(),
                 Ok(None) => Vec::new(),
                 Err(e) => return failed(e),
             },
             Err(_) => Vec::new(),
         },
-        None => match read::live_ids(bus).await {
+        None => match views::live_ids(bus).await {
             Ok(ids) => ids,
             Err(e) => return failed(e),
         },
     };
-    let mut records = match read::turns(bus, &ids).await {
+    let mut records = match views::records(bus, &ids).await {
         Ok(r) => r,
         Err(e) => return failed(e),
     };
@@ -117,7 +118,7 @@ pub(super) async fn live(
 
 pub(super) async fn runners(AxState(state): AxState<Shared>, headers: HeaderMap) -> Response {
     let s = logged_in!(state, headers, "/runners");
-    let mut list = match read::runners(&state.bus).await {
+    let mut list = match views::runners(&state.bus).await {
         Ok(r) => r,
         Err(e) => return failed(e),
     };
@@ -136,12 +137,12 @@ pub(super) async fn turn(
     let Ok(turn) = TurnId::new(id.as_str()) else {
         return not_found(&state, &s, &headers, "No such turn.");
     };
-    let record = match read::turn(&state.bus, &turn).await {
+    let record = match views::turn(&state.bus, &turn).await {
         Ok(Some(r)) => r,
         Ok(None) => return not_found(&state, &s, &headers, "No such turn."),
         Err(e) => return failed(e),
     };
-    let reruns = match read::reruns(&state.bus, &turn, 20).await {
+    let reruns = match views::reruns(&state.bus, &turn, 20).await {
         Ok(r) => r,
         Err(e) => return failed(e),
     };
@@ -165,9 +166,9 @@ pub(super) async fn chat(
         return not_found(&state, &s, &headers, "No such chat.");
     };
     let bus = &state.bus;
-    let (record, recent) = match tokio::try_join!(read::chat(bus, &chat_id), async {
-        let ids = read::recent_turn_ids(bus, &chat_id, 20).await?;
-        read::turns(bus, &ids).await
+    let (record, recent) = match tokio::try_join!(views::chat(bus, &chat_id), async {
+        let ids = views::recent_turn_ids(bus, &chat_id, 20).await?;
+        views::records(bus, &ids).await
     }) {
         Ok(x) => x,
         Err(e) => return failed(e),

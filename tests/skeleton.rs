@@ -36,7 +36,7 @@ async fn a_message_gets_a_reply_and_the_turn_is_done() {
     assert_eq!(items[0].turn, turn);
 
     // The runner announces itself with its capacity.
-    let mut keys = turnpike_tests::bucket(&bus, turnpike_core::subjects::BUCKET_RUNNERS)
+    let mut keys = turnpike_tests::bucket(bus, turnpike_core::subjects::BUCKET_RUNNERS)
         .await
         .keys()
         .await
@@ -46,7 +46,7 @@ async fn a_message_gets_a_reply_and_the_turn_is_done() {
         .expect("one runner present")
         .expect("key");
     let presence: turnpike_core::wire::RunnerPresence = turnpike_jetstream::decode_kv(
-        &turnpike_tests::bucket(&bus, turnpike_core::subjects::BUCKET_RUNNERS)
+        &turnpike_tests::bucket(bus, turnpike_core::subjects::BUCKET_RUNNERS)
             .await
             .get(&key)
             .await
@@ -59,7 +59,7 @@ async fn a_message_gets_a_reply_and_the_turn_is_done() {
 
     // The live index no longer holds the ended turn.
     assert!(
-        turnpike_tests::bucket(&bus, turnpike_core::subjects::BUCKET_LIVE)
+        turnpike_tests::bucket(bus, turnpike_core::subjects::BUCKET_LIVE)
             .await
             .get(turn.as_str())
             .await

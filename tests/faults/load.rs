@@ -111,7 +111,7 @@ async fn f11_attachment_bomb() {
         let bus = &c.bus;
         async move {
             let mut reader: &[u8] = &vec![0x5a; len];
-            turnpike_store::attachments::put(&bus, object, &mut reader)
+            turnpike_store::attachments::put(bus, object, &mut reader)
                 .await
                 .expect("upload");
         }

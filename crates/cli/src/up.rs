@@ -203,7 +203,7 @@ async fn script(bus: &Bus, config: &Config) -> Result<bool> {
             println!("  ✗ expected {expected:?}, got {outcome:?}");
         }
     }
-    let errored = turnpike_store::views::chat(&bus, &chat)
+    let errored = turnpike_store::views::chat(bus, &chat)
         .await
         .ok()
         .flatten()

@@ -20,29 +20,47 @@ const PASSWORD: &str = "RUNNER_PASSWORD";
 /// Below this, a password is too easily guessed for a user that speaks for a runner.
 pub const PASSWORD_MIN: usize = 16;
 
+/// Why the accounts file or the runners' list cannot be used.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum AccountsError {
+    /// The accounts file has no template for runner users.
     #[error("the accounts file has no runner template (a block of lines starting with `#|`)")]
     NoTemplate,
+    /// More than one template: which one applies would be a guess.
     #[error("the accounts file has more than one runner template; keep one block of `#|` lines")]
     TwoTemplates,
+    /// A template without the names it is filled in at.
     #[error("the runner template does not name RUNNER_ID and RUNNER_PASSWORD")]
     TemplateWithoutNames,
+    /// A runner listed twice.
     #[error("runner {0} is listed twice")]
     Duplicate(RunnerId),
+    /// A password too short or with characters the server's config cannot hold.
+    /// A password too short or with characters the server's config cannot hold.
     #[error(
         "the password of runner {runner} is not usable: it must be at least {PASSWORD_MIN} \
          characters of A-Z, a-z, 0-9, '-' and '_' (deploy/secrets.sh makes such ones)"
     )]
-    BadPassword { runner: RunnerId },
+    BadPassword {
+        /// Whose.
+        runner: RunnerId,
+    },
+    /// A line of the runners' list that is not `<runner id> <password>`.
     #[error("line {line}: expected `<runner id> <password>`: {why}")]
-    BadLine { line: usize, why: String },
+    BadLine {
+        /// Its number, from 1.
+        line: usize,
+        /// What is wrong with it.
+        why: String,
+    },
 }
 
 /// One runner's NATS user.
 #[derive(Clone, PartialEq, Eq)]
 pub struct RunnerUser {
+    /// The runner it speaks for (its user name).
     pub id: RunnerId,
+    /// Its password.
     pub password: String,
 }
 

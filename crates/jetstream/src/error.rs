@@ -4,54 +4,84 @@ pub type Source = Box<dyn std::error::Error + Send + Sync>;
 /// What went wrong talking to NATS, with what Turnpike was doing at the time.
 #[derive(Debug, thiserror::Error)]
 pub enum BusError {
+    /// No server answered at the configured address(es).
     #[error("cannot reach NATS at {servers}: {source} — is `turnpike up` (or nats-server) running, and is TURNPIKE_NATS_URL right?")]
     Connect {
+        /// The servers tried, as configured.
         servers: String,
+        /// The underlying error.
         #[source]
         source: Box<dyn std::error::Error + Send + Sync>,
     },
+    /// A connection setting that cannot work (credentials, TLS files).
     #[error("bad NATS setting: {0}")]
     Setting(String),
+    /// A stream, consumer or bucket definition in `nats/` that does not parse.
     #[error("definition {file} in nats/ is invalid: {source}")]
     Definition {
+        /// The definition's file name.
         file: &'static str,
+        /// The underlying error.
         #[source]
         source: serde_json::Error,
     },
+    /// Creating or updating the topology failed.
     #[error("could not create or update {what}: {source}")]
     Topology {
+        /// The stream, consumer or bucket.
         what: String,
+        /// The underlying error.
         #[source]
         source: Source,
     },
+    /// A bucket or object store that is not there (or cannot be opened).
     #[error(
         "could not open {name}: {source} — run `turnpike setup` (or any role with manage_topology on) to create the topology"
     )]
     Bucket {
+        /// The bucket's name.
         name: &'static str,
+        /// The underlying error.
         #[source]
         source: Source,
     },
+    /// A publish the server did not acknowledge.
     #[error("publish to {subject} failed: {source}")]
     Publish {
+        /// Where it was published.
         subject: String,
+        /// The underlying error.
         #[source]
         source: Source,
     },
+    /// A compare-and-set publish refused: the subject's last sequence was not the one expected
+    /// (for an attempt's output, its fence moved).
     #[error("publish to {subject} refused: the attempt was superseded (fence moved)")]
-    Fenced { subject: String },
+    Fenced {
+        /// Where it was published.
+        subject: String,
+    },
+    /// A key-value, object store or stream request that failed.
     #[error("{what} failed: {source}")]
     Kv {
+        /// What was being done, for the log.
         what: String,
+        /// The underlying error.
         #[source]
         source: Source,
     },
+    /// A payload that cannot be encoded.
     #[error("could not encode payload: {0}")]
     Encode(#[from] turnpike_core::codec::CodecError),
     /// A failure of our own finding that no retry can change (e.g. more messages to read than
     /// any reader may).
     #[error("{what} failed for good: {why}")]
-    Unrecoverable { what: String, why: String },
+    Unrecoverable {
+        /// What was being done.
+        what: String,
+        /// Why it can never succeed.
+        why: String,
+    },
 }
 
 /// Would the same request succeed if it were made again later?
@@ -132,6 +162,7 @@ impl BusError {
         }
     }
 
+    /// A failed key-value, object store or stream request, saying what it was for.
     pub fn kv(what: impl Into<String>, e: impl Into<Source>) -> Self {
         BusError::Kv {
             what: what.into(),
@@ -139,6 +170,7 @@ impl BusError {
         }
     }
 
+    /// A publish to `subject` that failed.
     pub fn publish(subject: impl Into<String>, e: impl Into<Source>) -> Self {
         BusError::Publish {
             subject: subject.into(),
@@ -146,6 +178,7 @@ impl BusError {
         }
     }
 
+    /// Creating or updating `what` in the topology failed.
     pub fn topology(what: impl Into<String>, e: impl Into<Source>) -> Self {
         BusError::Topology {
             what: what.into(),

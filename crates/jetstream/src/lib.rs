@@ -2,6 +2,8 @@
 //! consumers, KV buckets, object store, defined once in the repository's `nats/` folder), typed
 //! publishing and decoding with the codec named by `Content-Type`, and dead letters.
 
+#![warn(missing_docs)]
+
 pub mod accounts;
 mod connect;
 pub mod consume;

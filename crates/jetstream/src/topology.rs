@@ -39,7 +39,9 @@ impl Retention {
 
 /// One stream definition file.
 pub struct StreamFile {
+    /// Its path in the repository.
     pub file: &'static str,
+    /// Its contents, built in.
     pub json: &'static str,
     retention: Retention,
 }
@@ -56,8 +58,11 @@ macro_rules! stream_file {
 
 /// One consumer definition file (`<stream>.<durable>.json`).
 pub struct ConsumerFile {
+    /// Its path in the repository.
     pub file: &'static str,
+    /// The stream it reads.
     pub stream: &'static str,
+    /// Its contents, built in.
     pub json: &'static str,
 }
 
@@ -77,6 +82,8 @@ macro_rules! consumer_file {
     };
 }
 
+/// Every stream of the topology (the KV buckets' and the object store's included), as defined in
+/// `nats/streams/`, with how its retention is set from the configuration.
 pub const STREAM_FILES: [StreamFile; 13] = [
     stream_file!("TURNPIKE_CHAT_IN", Retention::Chat),
     stream_file!("TURNPIKE_CHAT_OUT", Retention::Chat),
@@ -93,6 +100,7 @@ pub const STREAM_FILES: [StreamFile; 13] = [
     stream_file!("OBJ_turnpike_attachments", Retention::Attachments),
 ];
 
+/// Every durable consumer, as defined in `nats/consumers/`.
 pub const CONSUMER_FILES: [ConsumerFile; 3] = [
     consumer_file!("TURNPIKE_CHAT_IN", "dispatcher"),
     consumer_file!("TURNPIKE_WORK", "runners"),
@@ -127,6 +135,7 @@ pub fn stream_configs(config: &Config) -> Result<Vec<stream::Config>, BusError> 
         .collect()
 }
 
+/// The consumers' configurations, each with its stream, their replicas as configured.
 pub fn consumer_configs(
     config: &Config,
 ) -> Result<Vec<(&'static str, consumer::pull::Config)>, BusError> {

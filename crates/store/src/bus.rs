@@ -14,7 +14,9 @@ use turnpike_jetstream::{connect, topology, BusError};
 /// stored state goes through `turnpike-store`'s modules, which is where its rules are kept.
 #[derive(Clone)]
 pub struct Bus {
+    /// The NATS connection (plain subjects: kills, ops requests, chat output to watch).
     pub client: async_nats::Client,
+    /// JetStream on it (publishing to and consuming from the streams).
     pub js: jetstream::Context,
     /// The codec this process writes with.
     pub codec: Codec,

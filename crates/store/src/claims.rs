@@ -106,11 +106,13 @@ pub async fn holder(
 /// absent).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Claimed {
+    /// Whose the claim is, as the sweep's decisions take it.
     pub claim: turnpike_core::recovery::Claim,
     /// The runner that holds it, if it is a runner's and decodes.
     pub runner: Option<RunnerId>,
 }
 
+/// Read attempt `attempt`'s claim from the stream leader, as [`Claimed`] says.
 pub async fn claim(bus: &Bus, turn: &TurnId, attempt: u32) -> Result<Claimed, BusError> {
     use turnpike_core::recovery::Claim;
     let key = subjects::claim_key(turn, attempt);

@@ -194,11 +194,16 @@ pub enum Losing {
     /// marker that fenced it out was stored, by the server's clock: the one time a loss with no
     /// other trace is dated by.
     Fenced {
+        /// The attempt's own marker's sequence, if it took the fence.
         runner_seq: Option<u64>,
+        /// When the fencing marker was stored.
         at: Timestamp,
     },
     /// A later attempt holds the fence: the caller's record is stale; change nothing.
-    Stale { current: u32 },
+    Stale {
+        /// The attempt that holds it.
+        current: u32,
+    },
 }
 
 /// Fence `attempt` out, unless a later attempt already holds the fence; `writer` is who does it
@@ -302,7 +307,9 @@ pub async fn landed(
 /// left out.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Replies {
+    /// The newest replies kept, oldest first.
     pub texts: std::collections::VecDeque<String>,
+    /// How many older ones were left out.
     pub skipped: u64,
     /// Encoded bytes of `texts`, as a history counts them.
     bytes: usize,
@@ -332,10 +339,12 @@ impl Replies {
         }
     }
 
+    /// How many replies there were: kept and left out.
     pub fn len(&self) -> u64 {
         self.texts.len() as u64 + self.skipped
     }
 
+    /// No replies at all.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
@@ -372,6 +381,7 @@ pub async fn before_first_marker(bus: &Bus, turn: &TurnId) -> Result<Option<u64>
 /// A turn's bot messages so far, as a view shows them.
 #[derive(Debug, Clone, Default)]
 pub struct TurnOutput {
+    /// The bot messages, in the order they landed.
     pub messages: Vec<OutboundItem>,
     /// Every message of the turn was read (the scan was not cut short by its bound).
     pub complete: bool,

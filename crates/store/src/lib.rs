@@ -15,6 +15,8 @@
 //! Decisions stay in core; connecting, topology, publishing to and consuming from the streams
 //! stay in `turnpike-jetstream`.
 
+#![warn(missing_docs)]
+
 pub mod admission;
 pub mod attachments;
 mod bus;

@@ -14,29 +14,43 @@ use turnpike_jetstream::{decode_kv, now, BusError};
 /// A record and the KV revision it was read at.
 #[derive(Debug, Clone)]
 pub struct Versioned {
+    /// The record.
     pub record: TurnRecord,
+    /// Its revision: a compare-and-set write expects it.
     pub revision: u64,
 }
 
+/// Why an event could not be applied to a turn.
 #[derive(Debug, thiserror::Error)]
 pub enum ApplyError {
+    /// No record of the turn (never created, or expired after it ended).
     #[error("turn {0} is not in the turns bucket")]
     UnknownTurn(TurnId),
+    /// A record that does not decode: its turn waits until it is repaired.
     #[error("turn record {turn} cannot be read: {source}")]
     BadRecord {
+        /// The turn.
         turn: TurnId,
+        /// The underlying error.
         #[source]
         source: turnpike_core::codec::CodecError,
     },
+    /// The event is wrong for the turn (core's lifecycle refused it).
     #[error(transparent)]
     Transition(#[from] TransitionError),
+    /// An event from a runner that does not hold the attempt's claim.
     #[error("event from runner {runner} for {turn} attempt {attempt}, whose claim is {holder}")]
     NotClaimant {
+        /// The turn.
         turn: TurnId,
+        /// The attempt.
         attempt: u32,
+        /// Who sent the event.
         runner: turnpike_core::RunnerId,
+        /// Who holds the claim, as stored.
         holder: String,
     },
+    /// Reading or writing failed.
     #[error(transparent)]
     Bus(#[from] BusError),
 }
@@ -60,13 +74,17 @@ impl ApplyError {
 pub enum Applied {
     /// The record changed; `effects` are the ones this event added to the outbox.
     Changed {
+        /// The record as written.
         current: Versioned,
+        /// The effects the event added.
         effects: Vec<Effect>,
     },
+    /// The record was left as it was, for this reason; as read.
     Unchanged(Unchanged, Versioned),
 }
 
 impl Applied {
+    /// The record as it stands after the event.
     pub fn current(&self) -> &Versioned {
         match self {
             Applied::Changed { current, .. } | Applied::Unchanged(_, current) => current,
@@ -76,6 +94,7 @@ impl Applied {
 
 pub(crate) const CAS_ATTEMPTS: usize = 50;
 
+/// The turn's record and its revision, read from the bucket's leader; `None` if there is none.
 pub async fn load(bus: &Bus, turn: &TurnId) -> Result<Option<Versioned>, ApplyError> {
     let entry = bus
         .turns

@@ -29,12 +29,15 @@ pub struct Cluster {
     pub queue_depth: u64,
     /// Live turns by state, in the order of [`TurnState`]'s names; only states with turns.
     pub live: Vec<(TurnState, u64)>,
-    /// Runners present, their slots and the slots in use.
+    /// Runners present.
     pub runners: usize,
+    /// Their slots, in all.
     pub slots: u32,
+    /// Their slots in use.
     pub slots_in_use: u32,
-    /// Chats flagged errored, and of them those that gave up within the last hour.
+    /// Chats flagged errored.
     pub errored_chats: usize,
+    /// Of them, those whose turn gave up within the last hour.
     pub gave_up_last_hour: usize,
 }
 
@@ -301,9 +304,13 @@ pub async fn recent_turn_ids(
 /// Which bucket a [`watch`] follows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Watched {
+    /// Turn records.
     Turns,
+    /// The live index.
     Live,
+    /// Chat records.
     Chats,
+    /// Runner presence.
     Runners,
 }
 

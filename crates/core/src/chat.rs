@@ -39,7 +39,10 @@ pub enum Joined {
     /// The chat has its whole queue waiting already (`chat_queue_max`): the turn does not join,
     /// its message is counted taken, and its caller ends it (the chat record must stay within
     /// what NATS carries).
-    Full { waiting: usize },
+    Full {
+        /// Turns waiting in the chat already.
+        waiting: usize,
+    },
 }
 
 /// A new turn joins its chat: it becomes the live turn if there is none, else it queues in
@@ -128,6 +131,7 @@ pub enum Taken {
 }
 
 impl Taken {
+    /// What `record` says was taken (none: nothing yet).
     pub fn of(record: Option<&ChatRecord>) -> Taken {
         match record {
             None => Taken::UpTo(0),
@@ -151,6 +155,7 @@ pub fn in_order(taken: Taken, next: Option<u64>, seq: u64) -> bool {
 /// What releasing an ended turn did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Released {
+    /// Whether the record changed (a release already done changes nothing).
     pub changed: bool,
     /// The chat's live turn afterwards and the history to admit it with. Admitting is idempotent,
     /// so the caller admits it whether or not this release changed anything.

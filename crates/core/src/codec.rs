@@ -6,31 +6,47 @@ use crate::FORMAT_VERSION;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
+/// The header naming a payload's codec.
 pub const CONTENT_TYPE: &str = "Content-Type";
+/// `Content-Type` of JSON payloads (the default).
 pub const JSON: &str = "application/json";
+/// `Content-Type` of MessagePack payloads.
 pub const MSGPACK: &str = "application/msgpack";
 
+/// How payloads are encoded: readable JSON by default, compact MessagePack by choice; a reader
+/// follows the `Content-Type` of each message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Codec {
+    /// JSON.
     #[default]
     Json,
+    /// MessagePack (named fields, so readers of either version keep working).
     #[serde(alias = "messagepack")]
     Msgpack,
 }
 
+/// Why a payload could not be encoded or decoded.
 #[derive(Debug, thiserror::Error)]
 pub enum CodecError {
+    /// A `Content-Type` neither codec is.
     #[error("unknown Content-Type {0:?}; expected {JSON} or {MSGPACK}")]
     UnknownContentType(String),
+    /// Not JSON of the expected shape.
     #[error("payload is not valid JSON for this message: {0}")]
     Json(#[from] serde_json::Error),
+    /// Not MessagePack of the expected shape.
     #[error("payload is not valid MessagePack for this message: {0}")]
     MsgpackDecode(#[from] rmp_serde::decode::Error),
+    /// MessagePack encoding failed.
     #[error("could not encode MessagePack: {0}")]
     MsgpackEncode(#[from] rmp_serde::encode::Error),
+    /// A payload newer than this release reads.
     #[error("payload has format version {found}; this release reads up to {FORMAT_VERSION}")]
-    TooNew { found: u16 },
+    TooNew {
+        /// The payload's version.
+        found: u16,
+    },
 }
 
 /// Only the version field, for a clear error when a payload is newer than this release.
@@ -57,6 +73,7 @@ impl Codec {
         }
     }
 
+    /// The `Content-Type` value this codec writes.
     pub fn content_type(self) -> &'static str {
         match self {
             Codec::Json => JSON,
@@ -64,6 +81,7 @@ impl Codec {
         }
     }
 
+    /// Encode `value`.
     pub fn encode<T: Serialize>(self, value: &T) -> Result<Vec<u8>, CodecError> {
         Ok(match self {
             Codec::Json => serde_json::to_vec(value)?,

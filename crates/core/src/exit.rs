@@ -55,7 +55,9 @@ impl StopReason {
 /// What a backend saw of one run.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct RawExit {
+    /// The process's exit code, if it exited.
     pub exit_code: Option<i64>,
+    /// The signal that ended it, if one did.
     pub signal: Option<i32>,
     /// Out of memory: the cgroup OOM killer fired (container `OOMKilled`, or the engine's `oom`
     /// event), or, under the process backend, the agent died of a failed allocation.

@@ -45,7 +45,9 @@ impl FenceWriter {
 /// The last marker as read from the stream: its sequence, and its content if it decodes.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Last {
+    /// Its stream sequence.
     pub seq: u64,
+    /// The marker, `None` if it does not decode.
     pub marker: Option<FenceMarker>,
 }
 
@@ -68,15 +70,22 @@ impl Last {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Take {
     /// Append our marker on the condition that the last sequence is still `expect`.
-    Append { expect: u64 },
+    Append {
+        /// The fence subject's last sequence the append expects.
+        expect: u64,
+    },
     /// Our marker is already the last one (an earlier publish whose ack we did not see).
-    AlreadyOurs { seq: u64 },
+    AlreadyOurs {
+        /// Where our marker is.
+        seq: u64,
+    },
     /// The turn was killed: do not run; report the attempt killed.
     Killed,
     /// The attempt was declared lost, or a later attempt holds the fence: do not run.
     Lost,
 }
 
+/// Decide what a runner that claimed `attempt` does with the fence, given its last marker.
 pub fn take(last: Option<&Last>, attempt: u32, runner: &RunnerId) -> Take {
     let Some(last) = last else {
         return Take::Append { expect: 0 };
@@ -106,16 +115,25 @@ pub enum Lose {
     /// Append a `Lost` marker expecting `expect`. `runner_seq`: the attempt's own marker, if it
     /// is the one being replaced (its output, if any, lies after it).
     Append {
+        /// The fence subject's last sequence the append expects.
         expect: u64,
+        /// The attempt's own marker, if it is the one being replaced.
         runner_seq: Option<u64>,
     },
     /// The last marker already fences the attempt out; its own marker, if any, is the one at
     /// `replaces` (see [`runner_seq`]).
-    AlreadyFenced { replaces: u64 },
+    AlreadyFenced {
+        /// The marker the fencing one replaced.
+        replaces: u64,
+    },
     /// A later attempt holds the fence: the record this decision was made from is stale.
-    Stale { current: u32 },
+    Stale {
+        /// The attempt that holds the fence.
+        current: u32,
+    },
 }
 
+/// Decide what declaring `attempt` lost does with the fence, given its last marker.
 pub fn lose(last: Option<&Last>, attempt: u32) -> Lose {
     let Some(last) = last else {
         return Lose::Append {
@@ -158,10 +176,16 @@ pub fn runner_seq(replaced: Option<&Last>, attempt: u32) -> Option<u64> {
 /// What an operator kill does with the fence.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Kill {
-    Append { expect: u64 },
+    /// Append a `Killed` marker expecting the last sequence to be `expect`.
+    Append {
+        /// The fence subject's last sequence the append expects.
+        expect: u64,
+    },
+    /// The turn is killed already.
     AlreadyKilled,
 }
 
+/// Decide what an operator kill does with the fence, given its last marker.
 pub fn kill(last: Option<&Last>) -> Kill {
     match last {
         None => Kill::Append { expect: 0 },

@@ -7,18 +7,30 @@ use std::fmt;
 /// Why an identifier was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum IdError {
+    /// An empty id.
     #[error("{kind} id is empty")]
-    Empty { kind: &'static str },
+    Empty {
+        /// Which id (turn, chat, runner).
+        kind: &'static str,
+    },
+    /// An id longer than its kind allows.
     #[error("{kind} id is {len} characters long; at most {max} are allowed")]
     TooLong {
+        /// Which id (turn, chat, runner).
         kind: &'static str,
+        /// Its length, in characters.
         len: usize,
+        /// The most allowed.
         max: usize,
     },
+    /// A character an id may not have.
     #[error("{kind} id {value:?} has {bad:?}; only A-Z, a-z, 0-9, '_' and '-' are allowed")]
     BadChar {
+        /// Which id (turn, chat, runner).
         kind: &'static str,
+        /// The id as given.
         value: String,
+        /// The first character not allowed.
         bad: char,
     },
 }
@@ -53,14 +65,17 @@ macro_rules! token_id {
         pub struct $name(String);
 
         impl $name {
+            /// The longest id allowed, in characters.
             pub const MAX_LEN: usize = $max;
 
+            /// `value`, if it is a valid id of this kind.
             pub fn new(value: impl Into<String>) -> Result<Self, IdError> {
                 let value = value.into();
                 validate($kind, &value, $max)?;
                 Ok(Self(value))
             }
 
+            /// The id as text.
             pub fn as_str(&self) -> &str {
                 &self.0
             }

@@ -15,6 +15,8 @@
 //!
 //! Nothing here reads a clock, a socket or a file: time is passed in as [`Timestamp`].
 
+#![warn(missing_docs)]
+
 pub mod backoff;
 pub mod chat;
 pub mod codec;

@@ -34,6 +34,7 @@ pub enum TurnState {
 }
 
 impl TurnState {
+    /// Ended: done, failed, gave up, or killed.
     pub fn is_terminal(self) -> bool {
         matches!(
             self,
@@ -41,6 +42,7 @@ impl TurnState {
         )
     }
 
+    /// The state as the wire (and `nats kv get`) spells it.
     pub fn as_str(self) -> &'static str {
         match self {
             TurnState::Waiting => "waiting",
@@ -54,6 +56,7 @@ impl TurnState {
         }
     }
 
+    /// Every state, in lifecycle order.
     pub const ALL: [TurnState; 8] = [
         TurnState::Waiting,
         TurnState::Queued,
@@ -98,12 +101,19 @@ impl std::str::FromStr for TurnState {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum OutcomeReason {
+    /// The agent exited cleanly and a bot message landed.
     Replied,
+    /// The agent exited cleanly without a bot message: done, not retried, the chat told so.
     SilentTurn,
+    /// The agent reported failure cleanly (not retried).
     AgentFailed,
+    /// The agent could not be started, for a reason no retry changes.
     CouldNotStart,
+    /// The attempt died after a bot message had landed (not retried: a partial reply stands).
     DiedAfterReply,
+    /// Every attempt died without a bot message: the budget is spent.
     BudgetSpent,
+    /// An operator killed the turn.
     OperatorKilled,
     /// A step of the turn failed in a way no retry can change (a payload NATS refuses as too
     /// large, a value it refuses as invalid): the turn ended failed rather than retry forever.
@@ -132,9 +142,12 @@ impl std::fmt::Display for OutcomeReason {
     }
 }
 
+/// How a terminal turn ended.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Outcome {
+    /// Why.
     pub reason: OutcomeReason,
+    /// When, by the server's clock.
     pub at: Timestamp,
     /// Attempts actually made.
     pub attempts: u32,
@@ -144,25 +157,35 @@ pub struct Outcome {
     pub error: Option<String>,
 }
 
+/// Which notice the chat got.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum NoticeKind {
+    /// `⚠ Agent couldn't complete this request after N attempts.`
     GiveUp,
+    /// The plain failure notice (a turn that failed after replying, or could not start).
     Plain,
+    /// The notice of a turn that ended silent.
     SilentTurn,
 }
 
+/// The notice a turn sent its chat.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct NoticeRecord {
+    /// Which one.
     pub kind: NoticeKind,
+    /// Its text, as sent.
     pub text: String,
+    /// The attempt it followed.
     pub attempt: u32,
+    /// When it was decided.
     pub at: Timestamp,
 }
 
 /// One attempt's history, kept in the turn record for operators (`turnpike turns show`).
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct AttemptRecord {
+    /// Its number, from 1.
     pub n: u32,
     /// When a retry was due (death time + retry delay); none for attempt 1.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -170,12 +193,16 @@ pub struct AttemptRecord {
     /// When the work item was stored in the work stream (for a retry: when its schedule fired).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub published_at: Option<Timestamp>,
+    /// When its agent started.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub started_at: Option<Timestamp>,
+    /// The runner that ran it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub runner: Option<RunnerId>,
+    /// How it ended, as its runner (or the sweep) reported.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub exit: Option<ExitReport>,
+    /// Bot messages it landed.
     pub messages_landed: u32,
     /// Where this attempt's bot messages are stored on the outbound stream (the first and last
     /// stream sequence), as their runner reported them: the turn's replies are read back from
@@ -188,6 +215,7 @@ pub struct AttemptRecord {
         skip_serializing_if = "Option::is_none"
     )]
     pub reply_span: Option<crate::wire::ReplySpan>,
+    /// The retry preamble its prompt began with (attempt 2 on).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub preamble: Option<String>,
 }
@@ -211,10 +239,14 @@ impl AttemptRecord {
 /// The value in the `turnpike_turns` bucket: everything that decides a turn.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct TurnRecord {
+    /// Format version (`v`) of this payload; absent means 1 (docs/protocol.md).
     #[serde(default = "v1")]
     pub v: u16,
+    /// The turn's id.
     pub turn: TurnId,
+    /// Its chat.
     pub chat: ChatId,
+    /// The message that made it.
     pub message: InboundMessage,
     /// Conversation history as it was when the turn was created; every attempt sees the same.
     #[serde(default)]
@@ -224,26 +256,38 @@ pub struct TurnRecord {
     /// `max(max_turn_retry, 1)`: attempts this turn may get. Fixed at creation, so a config change
     /// never alters a turn in flight.
     pub max_attempts: u32,
+    /// The delay before a retry (`retry_delay`), fixed at creation.
     #[serde(with = "duration_ms", rename = "retry_delay_ms")]
     pub retry_delay: Duration,
+    /// When it was created.
     pub created_at: Timestamp,
+    /// When it last changed.
     pub updated_at: Timestamp,
+    /// Where it is in its life.
     pub state: TurnState,
     /// The current attempt: the latest one published or scheduled (0 while waiting).
     pub attempt: u32,
+    /// Retries scheduled so far.
     pub retry_count: u32,
+    /// When a pending retry is due.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub next_attempt_due: Option<Timestamp>,
+    /// Every attempt made or scheduled, in order.
     #[serde(default)]
     pub attempts: Vec<AttemptRecord>,
+    /// The operator's kill, if one was asked for.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kill: Option<OperatorAction>,
+    /// How it ended, once it did.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub outcome: Option<Outcome>,
+    /// The notice sent to the chat, if one was.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub notice: Option<NoticeRecord>,
+    /// Whether the chat was flagged errored for it.
     #[serde(default)]
     pub chat_flagged: bool,
+    /// The turn this one re-runs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rerun_of: Option<TurnId>,
     /// Set when an operator created the turn (a re-run): who and when.
@@ -274,6 +318,7 @@ pub const COMPACT_TEXT_MAX: usize = 1024;
 /// Attachments a compacted record lists.
 pub const COMPACT_ATTACHMENTS: usize = 4;
 impl TurnRecord {
+    /// The current attempt's record.
     pub fn current_attempt(&self) -> Option<&AttemptRecord> {
         self.attempts.iter().find(|a| a.n == self.attempt)
     }
@@ -338,28 +383,44 @@ impl TurnRecord {
 pub enum Effect {
     /// Publish the work item of `attempt`, now (`not_before` none) or scheduled at `not_before`.
     DispatchAttempt {
+        /// The attempt.
         attempt: u32,
+        /// When to publish it (a retry's due time); now if none.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         not_before: Option<Timestamp>,
     },
     /// Send one notice to the chat.
     Notify {
+        /// Which notice.
         kind: NoticeKind,
+        /// Its text.
         text: String,
+        /// The attempt it follows.
         attempt: u32,
     },
     /// Flag the chat errored for operators.
     FlagChatErrored {
+        /// Why, for operators.
         reason: String,
+        /// The kind of failure, for programs.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         cause: Option<ChatErrorCause>,
     },
     /// Tell the runner of `attempt` to kill its container.
-    ForwardKill { attempt: u32 },
+    ForwardKill {
+        /// The attempt to stop.
+        attempt: u32,
+    },
     /// Make sure `attempt` never runs: cancel its schedule and take its claim.
-    CancelAttempt { attempt: u32 },
+    CancelAttempt {
+        /// The attempt that must never run.
+        attempt: u32,
+    },
     /// The turn reached a terminal state: drop it from the live index, let the chat's next turn go.
-    Ended { state: TurnState },
+    Ended {
+        /// How it ended.
+        state: TurnState,
+    },
 }
 
 #[cfg(test)]

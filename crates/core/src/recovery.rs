@@ -22,9 +22,15 @@ pub enum Plan {
     /// Ended: carry out what is left of its effects, then drop it from the live index.
     Finish,
     /// Running: is its current attempt alive? ([`judge_attempt`])
-    CheckAttempt { attempt: u32 },
+    CheckAttempt {
+        /// The current attempt.
+        attempt: u32,
+    },
     /// Queued, or pending a retry: is its attempt on its way? ([`judge_retry`])
-    CheckDispatched { attempt: u32 },
+    CheckDispatched {
+        /// The attempt owed.
+        attempt: u32,
+    },
 }
 
 /// What the sweep does with `record`: the effects to carry out again first (none unless
@@ -63,9 +69,11 @@ pub fn plan(record: &TurnRecord, outbox_stale: bool) -> (Vec<Effect>, Plan) {
 /// Who holds an attempt's claim, as the claims bucket says.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Claim {
+    /// No one has claimed it.
     None,
     /// Cancelled by an operator kill before any runner took it.
     Cancelled,
+    /// A runner took it.
     Runner,
 }
 
@@ -109,6 +117,8 @@ pub enum Attempt {
     Lost,
 }
 
+/// Decide whether the current attempt of a running turn is alive, from its claim, its lease, and
+/// whether its exit is already reported.
 pub fn judge_attempt(claim: Claim, lease: Lease, exit_reported: bool) -> Attempt {
     match (claim, lease) {
         (Claim::None | Claim::Cancelled, _) | (Claim::Runner, Lease::Live | Lease::NotYet) => {
@@ -132,6 +142,8 @@ pub enum Retry {
     Reschedule,
 }
 
+/// Decide what a queued attempt or a pending retry needs, from whether it is claimed, scheduled, or
+/// queued in the work stream.
 pub fn judge_retry(claimed: bool, scheduled: bool, queued: bool) -> Retry {
     if claimed {
         Retry::CheckAttempt

@@ -24,9 +24,11 @@ pub const QUOTE_MAX: usize = 160;
 /// Bounds of the fields of an inbound message that come from outside, in encoded bytes (the
 /// text is bounded by `message_max_bytes`, with the whole message).
 pub const MESSAGE_ID_MAX: usize = 256;
+/// The sender's name, in encoded bytes.
 pub const SENDER_MAX: usize = 256;
 /// A file name: one path component on every file system Turnpike writes attachments to.
 pub const ATTACHMENT_NAME_MAX: usize = 255;
+/// An attachment's object name, in encoded bytes.
 pub const ATTACHMENT_OBJECT_MAX: usize = 512;
 /// An operator's name, as recorded with a kill, a re-run or a clear.
 pub const OPERATOR_MAX: usize = 128;
@@ -184,9 +186,13 @@ pub struct Budgets {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{what} may grow to {size} bytes, but max_payload {max_payload} leaves {room} for it")]
 pub struct TooLarge {
+    /// What it is.
     pub what: &'static str,
+    /// How large it may grow.
     pub size: usize,
+    /// The server's `max_payload`.
     pub max_payload: usize,
+    /// What `max_payload` leaves for it.
     pub room: usize,
 }
 

@@ -4,59 +4,95 @@
 use crate::fence::FenceWriter;
 use crate::ids::{ChatId, RunnerId, TurnId};
 
+/// The first token of every subject.
 pub const PREFIX: &str = "turnpike";
 
 // Streams.
+/// Inbound chat messages.
 pub const STREAM_CHAT_IN: &str = "TURNPIKE_CHAT_IN";
+/// What chats are told: bot messages, statuses, notices.
 pub const STREAM_CHAT_OUT: &str = "TURNPIKE_CHAT_OUT";
+/// Work items, published now or scheduled.
 pub const STREAM_WORK: &str = "TURNPIKE_WORK";
+/// Runner events (started, progress, exited).
 pub const STREAM_EVENTS: &str = "TURNPIKE_EVENTS";
+/// Dead letters.
 pub const STREAM_DEAD: &str = "TURNPIKE_DEAD";
 
 // Durable consumers.
+/// The dispatcher's, on the inbound stream.
 pub const CONSUMER_DISPATCHER: &str = "dispatcher";
+/// The runners', on the work stream (shared by every runner).
 pub const CONSUMER_RUNNERS: &str = "runners";
+/// The coordinators', on the events stream.
 pub const CONSUMER_COORDINATOR: &str = "coordinator";
 
 // KV buckets and the object store.
+/// Turn records, by turn id.
 pub const BUCKET_TURNS: &str = "turnpike_turns";
+/// Chat records, by chat id.
 pub const BUCKET_CHATS: &str = "turnpike_chats";
+/// Attempt claims, `<turn>.<attempt>`.
 pub const BUCKET_CLAIMS: &str = "turnpike_claims";
+/// Runner leases, `<turn>.<attempt>.<runner>`.
 pub const BUCKET_LEASES: &str = "turnpike_leases";
+/// The live index: turns not yet ended.
 pub const BUCKET_LIVE: &str = "turnpike_live";
+/// Runner presence, by runner id.
 pub const BUCKET_RUNNERS: &str = "turnpike_runners";
 /// Dashboard sessions ended before their time (a logout), by nonce.
 pub const BUCKET_SESSIONS: &str = "turnpike_sessions";
+/// Attachments, `<chat>/<message>/<file>`.
 pub const OBJECTS_ATTACHMENTS: &str = "turnpike_attachments";
 
 // Wildcards for stream subjects and consumer filters.
+/// Every chat's inbound messages.
 pub const CHAT_IN_ALL: &str = "turnpike.chat.in.>";
+/// Every chat's output.
 pub const CHAT_OUT_ALL: &str = "turnpike.chat.out.>";
+/// Every turn's fence.
 pub const FENCE_ALL: &str = "turnpike.fence.>";
+/// Work items to run now.
 pub const WORK_RUN_ALL: &str = "turnpike.work.run.>";
+/// Work items scheduled for later.
 pub const WORK_SCHEDULE_ALL: &str = "turnpike.work.schedule.>";
+/// Every runner event.
 pub const EVENTS_ALL: &str = "turnpike.events.>";
+/// Every dead letter.
 pub const DEAD_ALL: &str = "turnpike.dead.>";
+/// Every kill sent to runners.
 pub const KILL_ALL: &str = "turnpike.control.kill.>";
 
 // Headers Turnpike sets so operators can filter and readers can route without decoding.
+/// The turn a message is about.
 pub const HDR_TURN: &str = "Turnpike-Turn";
+/// The attempt a message is about.
 pub const HDR_ATTEMPT: &str = "Turnpike-Attempt";
+/// What kind of output item a message is (`message`, `status`, `notice`).
 pub const HDR_KIND: &str = "Turnpike-Kind";
+/// Why a dead letter was refused.
 pub const HDR_DEAD_REASON: &str = "Turnpike-Dead-Reason";
+/// Which role refused a dead letter.
 pub const HDR_DEAD_SOURCE: &str = "Turnpike-Dead-Source";
 
 // Operator requests, served by the coordinators (NATS service `turnpike-coordinator`).
+/// Kill a turn.
 pub const OPS_KILL: &str = "turnpike.ops.kill";
+/// Clear a chat's errored flag.
 pub const OPS_CLEAR: &str = "turnpike.ops.clear";
+/// Re-run an ended turn.
 pub const OPS_RERUN: &str = "turnpike.ops.rerun";
+/// A coordinator's counters.
 pub const OPS_STATS: &str = "turnpike.ops.stats";
+/// The coordinators' NATS service name (`nats micro info`).
 pub const OPS_SERVICE: &str = "turnpike-coordinator";
 
+/// Where a chat adapter publishes a chat's inbound messages.
 pub fn chat_in(chat: &ChatId) -> String {
     format!("{PREFIX}.chat.in.{chat}")
 }
 
+/// Where a chat's output is published.
 pub fn chat_out(chat: &ChatId) -> String {
     format!("{PREFIX}.chat.out.{chat}")
 }
@@ -120,6 +156,7 @@ pub fn parse_events(subject: &str) -> Option<(TurnId, RunnerId)> {
     Some((TurnId::new(turn).ok()?, RunnerId::new(runner).ok()?))
 }
 
+/// Where a kill of the turn is sent to its runner.
 pub fn kill(turn: &TurnId) -> String {
     format!("{PREFIX}.control.kill.{turn}")
 }
@@ -144,15 +181,19 @@ pub fn lease_key(turn: &TurnId, attempt: u32, runner: &RunnerId) -> String {
 pub mod msg_id {
     use crate::ids::{RunnerId, TurnId};
 
+    /// A work item's dedup id.
     pub fn work(turn: &TurnId, attempt: u32) -> String {
         format!("work.{turn}.{attempt}")
     }
+    /// A bot message's dedup id.
     pub fn bot_message(turn: &TurnId, attempt: u32, seq: u32) -> String {
         format!("msg.{turn}.{attempt}.{seq}")
     }
+    /// A status item's dedup id.
     pub fn status(turn: &TurnId, attempt: u32, seq: u32) -> String {
         format!("status.{turn}.{attempt}.{seq}")
     }
+    /// The dedup id of a turn's final status.
     pub fn status_final(turn: &TurnId) -> String {
         format!("status.{turn}.final")
     }

@@ -9,14 +9,17 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 pub struct Timestamp(pub u64);
 
 impl Timestamp {
+    /// From milliseconds since the Unix epoch.
     pub fn from_millis(ms: u64) -> Self {
         Timestamp(ms)
     }
 
+    /// Milliseconds since the Unix epoch.
     pub fn millis(self) -> u64 {
         self.0
     }
 
+    /// From a system time (before the epoch: the epoch).
     pub fn from_system_time(t: SystemTime) -> Self {
         let ms = t
             .duration_since(UNIX_EPOCH)
@@ -25,10 +28,12 @@ impl Timestamp {
         Timestamp(ms)
     }
 
+    /// As a system time.
     pub fn to_system_time(self) -> SystemTime {
         UNIX_EPOCH + Duration::from_millis(self.0)
     }
 
+    /// `d` later, saturating.
     pub fn saturating_add(self, d: Duration) -> Self {
         Timestamp(self.0.saturating_add(d.as_millis() as u64))
     }
@@ -47,6 +52,7 @@ impl Timestamp {
         humantime::format_rfc3339_millis(self.min(Self::LAST).to_system_time()).to_string()
     }
 
+    /// From RFC 3339 text.
     pub fn parse_rfc3339(s: &str) -> Result<Self, humantime::TimestampError> {
         humantime::parse_rfc3339_weak(s).map(Self::from_system_time)
     }
@@ -77,10 +83,12 @@ pub mod duration_ms {
     use serde::{Deserialize, Deserializer, Serializer};
     use std::time::Duration;
 
+    /// Serialize as milliseconds.
     pub fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
         s.serialize_u64(d.as_millis() as u64)
     }
 
+    /// Deserialize from milliseconds.
     pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
         u64::deserialize(d).map(Duration::from_millis)
     }

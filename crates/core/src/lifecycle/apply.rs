@@ -15,11 +15,17 @@ use super::{next_outbox, Effect, Event, Step, TransitionError, Unchanged};
 /// What the dispatcher knows when it creates a turn.
 #[derive(Debug, Clone)]
 pub struct NewTurn {
+    /// The new turn's id (derived from its message's).
     pub turn: TurnId,
+    /// The message that makes the turn.
     pub message: InboundMessage,
+    /// The chat's history when the turn was created.
     pub history: Vec<HistoryEntry>,
+    /// `MAX_TURN_RETRY` now: fixed in the record for the turn's life.
     pub max_turn_retry: u32,
+    /// The retry delay now: fixed in the record too.
     pub retry_delay: Duration,
+    /// The turn this one re-runs, if an operator asked for a re-run.
     pub rerun_of: Option<TurnId>,
     /// The operator who asked for this turn (re-runs).
     pub created_by: Option<OperatorAction>,

@@ -8,8 +8,11 @@ use super::{apply, next_outbox, Effect, Event, Step, TransitionError, Unchanged}
 /// What became of one event of a [`Batch`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum EventOutcome {
+    /// It changed the record.
     Changed,
+    /// It changed nothing, for this reason.
     Unchanged(Unchanged),
+    /// It cannot be right for the turn (the shell dead-letters it).
     Refused(TransitionError),
 }
 

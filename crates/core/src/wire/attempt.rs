@@ -7,16 +7,21 @@ use super::*;
 /// needs to read turn state: the same message, attachments and history on every attempt.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct WorkItem {
+    /// Format version (`v`) of this payload; absent means 1 (docs/protocol.md).
     #[serde(default = "v1")]
     pub v: u16,
+    /// The turn.
     pub turn: TurnId,
+    /// Its chat.
     pub chat: ChatId,
+    /// This attempt, from 1.
     pub attempt: u32,
     /// The attempt limit of this turn, `max(MAX_TURN_RETRY, 1)` as stored when it was created.
     pub max_attempts: u32,
     /// The message, whose text the agent's prompt is made from (see [`WorkItem::prompt`]): the
     /// text is carried once, not again as a prompt.
     pub message: InboundMessage,
+    /// The chat's history when the turn was created: the same on every attempt.
     #[serde(default)]
     pub history: Vec<HistoryEntry>,
 }
@@ -24,14 +29,22 @@ pub struct WorkItem {
 /// The one JSON document an agent reads on stdin (then EOF).
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct AgentInput {
+    /// Format version (`v`) of this payload; absent means 1 (docs/protocol.md).
     #[serde(default = "v1")]
     pub v: u16,
+    /// The turn.
     pub turn: TurnId,
+    /// Its chat.
     pub chat: ChatId,
+    /// This attempt, from 1.
     pub attempt: u32,
+    /// The attempts the turn may get.
     pub max_attempts: u32,
+    /// What the agent is asked: the message text, behind the retry preamble from attempt 2 on.
     pub prompt: String,
+    /// The message, as the chat sent it.
     pub message: InboundMessage,
+    /// The chat's history before this message.
     pub history: Vec<HistoryEntry>,
     /// Paths of the attachment files as the agent sees them.
     pub attachments: Vec<String>,
@@ -45,6 +58,7 @@ impl WorkItem {
 }
 
 impl AgentInput {
+    /// The input of `work`'s attempt, its attachments at `attachment_paths`.
     pub fn from_work(work: &WorkItem, attachment_paths: Vec<String>) -> Self {
         AgentInput {
             v: FORMAT_VERSION,
@@ -65,21 +79,32 @@ impl AgentInput {
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum AgentLine {
     /// A bot message for the chat.
-    Message { text: String },
+    Message {
+        /// The message.
+        text: String,
+    },
     /// Live progress.
-    Status { text: String },
+    Status {
+        /// What the agent is doing, in a few words.
+        text: String,
+    },
     /// The agent's own verdict on the run.
     Result {
+        /// `ok` or `error`.
         status: AgentStatus,
+        /// What went wrong, for operators.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         error: Option<String>,
     },
 }
 
+/// An agent's verdict on its run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum AgentStatus {
+    /// It did what was asked.
     Ok,
+    /// It failed, and says so.
     Error,
 }
 
@@ -124,6 +149,7 @@ impl ExitClass {
         )
     }
 
+    /// Every class.
     pub const ALL: [ExitClass; 10] = [
         ExitClass::Clean,
         ExitClass::AgentFailed,
@@ -163,9 +189,12 @@ impl std::fmt::Display for ExitClass {
 /// The runner's report of how an attempt ended.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct ExitReport {
+    /// How it ended.
     pub class: ExitClass,
+    /// The agent's exit code, if it exited.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub exit_code: Option<i64>,
+    /// The signal that ended it, if one did.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub signal: Option<i32>,
     /// Error text: why it could not start, what the engine said, what the agent reported; cut to
@@ -188,6 +217,7 @@ pub struct ExitReport {
     /// `attempt_bytes_max`): the rest was not delivered, and the chat was told so.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub output_cut: bool,
+    /// When it ended, by the runner's clock (for operators; decisions use the server's).
     pub ended_at: Timestamp,
     /// Who ran the attempt and when its work item was published: the report says it again
     /// because events are handled concurrently and the Started event may be applied after it.
@@ -201,7 +231,9 @@ pub struct ExitReport {
 /// `messages_landed`. Bounded, whatever the agent said.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
 pub struct ReplySpan {
+    /// The first message's stream sequence.
     pub first: u64,
+    /// The last message's stream sequence.
     pub last: u64,
 }
 
@@ -296,7 +328,9 @@ impl ReplySpan {
 /// What an attempt landed, as counted: how many bot messages, and where they are.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Landed {
+    /// How many.
     pub count: u32,
+    /// Where they are.
     pub span: Option<ReplySpan>,
 }
 
@@ -311,7 +345,9 @@ impl Landed {
 /// The start of an attempt as its runner saw it.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct AttemptStart {
+    /// The runner that ran it.
     pub runner: RunnerId,
+    /// When its work item was stored in the work stream.
     pub published_at: Timestamp,
     /// When its agent started, by the runner's clock (`None`: it never did). Without it a report
     /// applied before its Started event would leave the attempt with no start time for good.
@@ -361,45 +397,69 @@ impl ExitReport {
 /// this payload, says which runner spoke: each runner may publish only under its own id).
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct RunnerEvent {
+    /// Format version (`v`) of this payload; absent means 1 (docs/protocol.md).
     #[serde(default = "v1")]
     pub v: u16,
+    /// The turn.
     pub turn: TurnId,
+    /// Its chat.
     pub chat: ChatId,
+    /// The attempt.
     pub attempt: u32,
+    /// The runner speaking.
     pub runner: RunnerId,
+    /// When, by the runner's clock.
     pub at: Timestamp,
+    /// What happened.
     pub kind: RunnerEventKind,
 }
 
+/// What a runner event says.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum RunnerEventKind {
     /// The attempt was claimed and its container started. `published_at` is when the work item was
     /// stored in the work stream (for a retry: when its schedule fired).
-    Started { published_at: Timestamp },
+    Started {
+        /// When the work item was stored.
+        published_at: Timestamp,
+    },
     /// A bot message landed (JetStream acked it on the outbound subject). `seq` counts from 1;
     /// `stream_seq` is where the outbound stream stored it (from the PubAck; absent from older
     /// runners).
     MessageLanded {
+        /// The message's number in the attempt, from 1.
         seq: u32,
+        /// Where the outbound stream stored it.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         stream_seq: Option<u64>,
     },
     /// Live progress from the agent.
-    Progress { text: String },
+    Progress {
+        /// The progress text.
+        text: String,
+    },
     /// The attempt ended.
-    Exited { report: ExitReport },
+    Exited {
+        /// How it ended.
+        report: ExitReport,
+    },
 }
 
 /// The claims bucket value (key = `<turn>.<attempt>`): who runs an attempt. Created once, so two
 /// runners never run the same attempt even when a work item is delivered twice.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct ClaimRecord {
+    /// Format version (`v`) of this payload; absent means 1 (docs/protocol.md).
     #[serde(default = "v1")]
     pub v: u16,
+    /// The turn.
     pub turn: TurnId,
+    /// The attempt.
     pub attempt: u32,
+    /// Who holds it.
     pub holder: ClaimHolder,
+    /// When it was written.
     pub at: Timestamp,
     /// Unique to the one handling of a work delivery that wrote it: a claim whose
     /// acknowledgement was lost is read back, and it is this handling's own only if the token
@@ -419,11 +479,15 @@ impl ClaimRecord {
     }
 }
 
+/// Who holds a claim.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum ClaimHolder {
     /// A runner runs it.
-    Runner { runner: RunnerId },
+    Runner {
+        /// The runner.
+        runner: RunnerId,
+    },
     /// The coordinator cancelled the attempt (operator kill) before any runner took it.
     Cancelled,
 }
@@ -431,13 +495,21 @@ pub enum ClaimHolder {
 /// A runner's announcement in the runners bucket (key = runner id), refreshed with a TTL.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct RunnerPresence {
+    /// Format version (`v`) of this payload; absent means 1 (docs/protocol.md).
     #[serde(default = "v1")]
     pub v: u16,
+    /// The runner.
     pub runner: RunnerId,
+    /// The host it runs on.
     pub host: String,
+    /// Its backend: `docker` or `process`.
     pub backend: String,
+    /// Attempts it runs at once at most.
     pub slots: u32,
+    /// Attempts it runs now.
     pub slots_in_use: u32,
+    /// Its Turnpike version.
     pub version: String,
+    /// When it said so, by its clock.
     pub at: Timestamp,
 }

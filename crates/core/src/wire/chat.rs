@@ -5,21 +5,28 @@ use super::*;
 /// An attachment reference: the file lives in the JetStream object store under `object`.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Attachment {
+    /// The file name the agent sees.
     pub name: String,
+    /// The object's name in the attachments store.
     pub object: String,
 }
 
 /// Published by a chat adapter on `turnpike.chat.in.<chat>`, with `Nats-Msg-Id` set to `id`.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct InboundMessage {
+    /// Format version (`v`) of this payload; absent means 1 (docs/protocol.md).
     #[serde(default = "v1")]
     pub v: u16,
     /// Unique per chat; the dedup key for replays.
     pub id: String,
+    /// The chat.
     pub chat: ChatId,
+    /// What the user said.
     pub text: String,
+    /// Who said it, as the adapter names them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sender: Option<String>,
+    /// Files that come with it, already in the object store.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub attachments: Vec<Attachment>,
 }
@@ -121,44 +128,91 @@ pub struct InboundLimits {
 /// came from outside is quoted cut short, so the notice and the dead letter stay small.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Refusal {
+    /// An empty message id.
     #[error("the message has an empty id")]
     EmptyId,
+    /// A message id too long.
     #[error("the message id is {len} bytes; the limit is {max}")]
-    IdTooLong { len: usize, max: usize },
+    IdTooLong {
+        /// Its length.
+        len: usize,
+        /// The limit.
+        max: usize,
+    },
+    /// A sender name too long.
     #[error("the sender is {len} bytes; the limit is {max}")]
-    SenderTooLong { len: usize, max: usize },
+    SenderTooLong {
+        /// Its length.
+        len: usize,
+        /// The limit.
+        max: usize,
+    },
+    /// More attachments than allowed.
     #[error("the message lists {count} attachments; the limit is {max}")]
-    TooManyAttachments { count: usize, max: usize },
+    TooManyAttachments {
+        /// How many it lists.
+        count: usize,
+        /// The limit.
+        max: usize,
+    },
+    /// An attachment with an empty name.
     #[error("an attachment has an empty name")]
     EmptyName,
+    /// An attachment name too long.
     #[error("attachment name {name} is {len} bytes; the limit is {max}")]
     NameTooLong {
+        /// The name, cut short.
         name: String,
+        /// Its length.
         len: usize,
+        /// The limit.
         max: usize,
     },
+    /// An attachment object name too long.
     #[error("the object name of attachment {name} is {len} bytes; the limit is {max}")]
     ObjectTooLong {
+        /// The name, cut short.
         name: String,
+        /// The object name's length.
         len: usize,
+        /// The limit.
         max: usize,
     },
+    /// An attachment outside this chat's part of the object store.
     #[error("attachment {name} (object {object}) is not under this chat's name {own}")]
     ForeignObject {
+        /// The attachment's name, cut short.
         name: String,
+        /// Its object, cut short.
         object: String,
+        /// Where the chat's own objects are.
         own: String,
     },
+    /// A message larger than allowed.
     #[error("the message is {size} bytes encoded; the limit is {max}")]
-    TooLarge { size: usize, max: usize },
+    TooLarge {
+        /// The message, encoded.
+        size: usize,
+        /// The limit.
+        max: usize,
+    },
+    /// A chat with its whole queue waiting already.
     #[error("the chat has {waiting} messages waiting; the limit is {max}")]
-    QueueFull { waiting: usize, max: usize },
+    QueueFull {
+        /// Turns waiting already.
+        waiting: usize,
+        /// The limit.
+        max: usize,
+    },
 }
 
+/// Who a history line is from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Role {
+    /// The user.
     User,
+    /// The agent.
     Bot,
     /// Written by Turnpike, not said by anyone: e.g. that earlier history was left out.
     Note,
@@ -184,10 +238,13 @@ impl std::fmt::Display for Role {
 /// One line of conversation history, snapshotted when the turn is created.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct HistoryEntry {
+    /// Who.
     pub role: Role,
+    /// What was said.
     pub text: String,
 }
 
+/// What an output item is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum OutboundKind {
@@ -213,13 +270,20 @@ impl OutboundKind {
 /// Published on `turnpike.chat.out.<chat>`.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct OutboundItem {
+    /// Format version (`v`) of this payload; absent means 1 (docs/protocol.md).
     #[serde(default = "v1")]
     pub v: u16,
+    /// What it is.
     pub kind: OutboundKind,
+    /// The chat.
     pub chat: ChatId,
+    /// The turn it belongs to.
     pub turn: TurnId,
+    /// The attempt that sent it.
     pub attempt: u32,
+    /// The text.
     pub text: String,
+    /// For status items: the id of the message an adapter edits in place.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub status_id: Option<String>,
     /// On the last status item of a turn.
@@ -230,8 +294,10 @@ pub struct OutboundItem {
 /// The chats bucket value (key = chat id): per-chat order, history, and the errored flag.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct ChatRecord {
+    /// Format version (`v`) of this payload; absent means 1 (docs/protocol.md).
     #[serde(default = "v1")]
     pub v: u16,
+    /// The chat.
     pub chat: ChatId,
     /// The chat's one live turn (running, or pending a retry).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -249,8 +315,10 @@ pub struct ChatRecord {
     /// taken (joined as a turn, or refused): a later one joins only when every earlier one was.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub inbound_seq: u64,
+    /// Why the chat is flagged for operators, if it is.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub errored: Option<ChatError>,
+    /// Operators who cleared its flag before, and when.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub cleared: Vec<OperatorAction>,
 }
@@ -258,7 +326,9 @@ pub struct ChatRecord {
 /// Why a chat is flagged for operators.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct ChatError {
+    /// The turn that flagged it.
     pub turn: TurnId,
+    /// When.
     pub at: Timestamp,
     /// For people: what happened, in words.
     pub reason: String,

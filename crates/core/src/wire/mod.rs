@@ -37,6 +37,7 @@ fn is_zero(n: &u64) -> bool {
 
 /// Implemented by every versioned payload so the codec can check `v` in one place.
 pub trait Versioned {
+    /// The payload's format version.
     fn version(&self) -> u16;
 }
 

@@ -7,11 +7,15 @@ use super::*;
 /// `chat` for clear; `by` names the operator for the record.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct OpsRequest {
+    /// Format version (`v`) of this payload; absent means 1 (docs/protocol.md).
     #[serde(default = "v1")]
     pub v: u16,
+    /// The operator asking.
     pub by: String,
+    /// The turn, for kill and rerun.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub turn: Option<TurnId>,
+    /// The chat, for clear.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub chat: Option<ChatId>,
     /// The request's own id, chosen by whoever asks (a form when it is drawn, a command once
@@ -52,6 +56,7 @@ impl OpsRequest {
         }
     }
 
+    /// As JSON (what the coordinators read).
     pub fn to_json(&self) -> Vec<u8> {
         // Strings only: always serializes.
         serde_json::to_vec(self).unwrap_or_default()
@@ -81,13 +86,17 @@ impl OpsRequest {
 /// The coordinators' answer to an [`OpsRequest`].
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct OpsReply {
+    /// Format version (`v`) of this payload; absent means 1 (docs/protocol.md).
     #[serde(default = "v1")]
     pub v: u16,
+    /// Whether it was done.
     pub ok: bool,
+    /// What happened, in words.
     pub message: String,
     /// The turn acted on (for rerun: the new turn).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub turn: Option<TurnId>,
+    /// The turn's state afterwards.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub state: Option<String>,
 }
@@ -97,16 +106,27 @@ pub struct OpsReply {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct CountersSnapshot {
+    /// Turns that ended done.
     pub turns_done: u64,
+    /// Turns that ended failed.
     pub turns_failed: u64,
+    /// Turns that gave up.
     pub turns_gave_up: u64,
+    /// Turns killed.
     pub turns_killed: u64,
+    /// Turns that ended silent.
     pub silent_turns: u64,
+    /// Retries scheduled.
     pub retries_scheduled: u64,
+    /// Attempts declared lost with their runner.
     pub runner_lost: u64,
+    /// Inputs refused as dead letters.
     pub dead_lettered: u64,
+    /// Turns queued far longer than expected.
     pub queued_long: u64,
+    /// Runner events applied.
     pub events_applied: u64,
+    /// Runner events that changed nothing (duplicates, superseded).
     pub events_unchanged: u64,
     /// The same counts over the last hour, or since `window_start` when the process is younger.
     pub last_hour: HourCounts,
@@ -118,12 +138,19 @@ pub struct CountersSnapshot {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct HourCounts {
+    /// Turns that ended done.
     pub turns_done: u64,
+    /// Turns that ended failed.
     pub turns_failed: u64,
+    /// Turns that gave up.
     pub turns_gave_up: u64,
+    /// Turns killed.
     pub turns_killed: u64,
+    /// Turns that ended silent.
     pub silent_turns: u64,
+    /// Retries scheduled.
     pub retries_scheduled: u64,
+    /// Attempts declared lost with their runner.
     pub runner_lost: u64,
 }
 
@@ -167,13 +194,16 @@ impl HourCounts {
 /// Who did an operator action, and when.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct OperatorAction {
+    /// The operator.
     pub by: String,
+    /// When.
     pub at: Timestamp,
 }
 
 /// The `turnpike.ops.stats` answer of one coordinator.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct OpsStats {
+    /// Format version (`v`) of this payload; absent means 1 (docs/protocol.md).
     #[serde(default = "v1")]
     pub v: u16,
     /// This coordinator's counters since it started.
@@ -187,8 +217,10 @@ pub struct OpsStats {
 /// this only makes the runner stop at once rather than at its next heartbeat.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct KillRequest {
+    /// Format version (`v`) of this payload; absent means 1 (docs/protocol.md).
     #[serde(default = "v1")]
     pub v: u16,
+    /// The turn.
     pub turn: TurnId,
     /// The attempt to stop; another attempt's runner ignores it.
     pub attempt: u32,
@@ -197,6 +229,7 @@ pub struct KillRequest {
 }
 
 impl KillRequest {
+    /// As JSON (runners read it).
     pub fn to_json(&self) -> Vec<u8> {
         // A struct of strings and numbers always serializes.
         serde_json::to_vec(self).unwrap_or_default()

@@ -116,11 +116,15 @@ async fn counters_are_served_to_operators() {
     let stats = ops_stats(&p.bus).await;
     let s = stats.counters;
     assert_eq!(
-        (s.turns_done, s.turns_gave_up, s.silent_turns),
+        (
+            s.turns.turns_done,
+            s.turns.turns_gave_up,
+            s.turns.silent_turns
+        ),
         (2, 1, 1),
         "{s:?}"
     );
-    assert_eq!(s.retries_scheduled, 1);
+    assert_eq!(s.turns.retries_scheduled, 1);
     // All of it happened within the last hour.
     let h = s.last_hour;
     assert_eq!(

@@ -6,70 +6,52 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use turnpike_core::lifecycle::Effect;
 use turnpike_core::record::{NoticeKind, TurnState};
-use turnpike_core::wire::HourCounts;
+use turnpike_core::wire::{CountersSnapshot, TurnCounts};
 
-/// What `HourWindow` counts, by index.
-#[derive(Debug, Clone, Copy)]
-pub enum Kind {
-    Done,
-    Failed,
-    GaveUp,
-    Killed,
-    Silent,
-    Retry,
-    RunnerLost,
-}
+/// One of the [`TurnCounts`], as a counter to bump.
+type TurnCount = fn(&mut TurnCounts) -> &mut u64;
 
 /// Counts per minute over the last 60 minutes: a ring of (minute, counts), so the trailing hour
 /// is a sum of 60 slots and memory stays constant.
 #[derive(Debug)]
 pub struct HourWindow {
     started_ms: u64,
-    slots: Mutex<[(u64, [u64; 7]); 60]>,
+    slots: Mutex<[(u64, TurnCounts); 60]>,
 }
 
 impl HourWindow {
+    /// A window of a process that started at `started_ms`.
     pub fn new(started_ms: u64) -> Self {
         HourWindow {
             started_ms,
-            slots: Mutex::new([(u64::MAX, [0; 7]); 60]),
+            slots: Mutex::new([(u64::MAX, TurnCounts::default()); 60]),
         }
     }
 
-    pub fn add(&self, kind: Kind, now_ms: u64) {
+    /// Count one of `count` at `now_ms`.
+    pub fn add(&self, count: TurnCount, now_ms: u64) {
         let minute = now_ms / 60_000;
         let mut slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
         let slot = &mut slots[(minute % 60) as usize];
         if slot.0 != minute {
-            *slot = (minute, [0; 7]);
+            *slot = (minute, TurnCounts::default());
         }
-        slot.1[kind as usize] += 1;
+        *count(&mut slot.1) += 1;
     }
 
     /// The counts of the 60 minutes up to `now_ms` (this minute included), and where that
     /// window starts: an hour ago, or when this process started.
-    pub fn last_hour(&self, now_ms: u64) -> (HourCounts, u64) {
+    pub fn last_hour(&self, now_ms: u64) -> (TurnCounts, u64) {
         let minute = now_ms / 60_000;
         let slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
-        let mut sum = [0u64; 7];
+        let mut sum = TurnCounts::default();
         for (m, counts) in slots.iter() {
             if *m != u64::MAX && *m + 60 > minute && *m <= minute {
-                for (s, c) in sum.iter_mut().zip(counts) {
-                    *s += c;
-                }
+                sum.add(counts);
             }
         }
-        let counts = HourCounts {
-            turns_done: sum[Kind::Done as usize],
-            turns_failed: sum[Kind::Failed as usize],
-            turns_gave_up: sum[Kind::GaveUp as usize],
-            turns_killed: sum[Kind::Killed as usize],
-            silent_turns: sum[Kind::Silent as usize],
-            retries_scheduled: sum[Kind::Retry as usize],
-            runner_lost: sum[Kind::RunnerLost as usize],
-        };
         let window_start = (minute.saturating_sub(59) * 60_000).max(self.started_ms);
-        (counts, window_start)
+        (sum, window_start)
     }
 }
 
@@ -83,24 +65,19 @@ impl Default for HourWindow {
     }
 }
 
+/// This process's counters: the wire's [`CountersSnapshot`] as it is being counted.
 #[derive(Debug, Default)]
 pub struct Counters {
-    pub turns_done: AtomicU64,
-    pub turns_failed: AtomicU64,
-    pub turns_gave_up: AtomicU64,
-    pub turns_killed: AtomicU64,
-    pub silent_turns: AtomicU64,
-    pub retries_scheduled: AtomicU64,
-    pub runner_lost: AtomicU64,
+    turns: Mutex<TurnCounts>,
+    /// Inputs refused as dead letters (bumped where they are refused).
     pub dead_lettered: AtomicU64,
-    pub queued_long: AtomicU64,
-    pub events_applied: AtomicU64,
-    pub events_unchanged: AtomicU64,
+    queued_long: AtomicU64,
+    events_applied: AtomicU64,
+    events_unchanged: AtomicU64,
+    /// Attempts' durations and retries' lateness, for `/metrics`.
     pub timings: crate::timings::Timings,
-    pub hour: HourWindow,
+    hour: HourWindow,
 }
-
-pub use turnpike_core::wire::CountersSnapshot;
 
 fn inc(c: &AtomicU64) {
     c.fetch_add(1, Ordering::Relaxed);
@@ -110,38 +87,45 @@ impl Counters {
     /// Count what a transition decided.
     pub fn effects(&self, effects: &[Effect]) {
         for e in effects {
-            match e {
+            let count: TurnCount = match e {
                 Effect::DispatchAttempt {
                     not_before: Some(_),
                     ..
-                } => self.count(&self.retries_scheduled, Kind::Retry),
+                } => |c| &mut c.retries_scheduled,
                 Effect::Notify {
                     kind: NoticeKind::SilentTurn,
                     ..
-                } => self.count(&self.silent_turns, Kind::Silent),
+                } => |c| &mut c.silent_turns,
                 Effect::Ended { state } => match state {
-                    TurnState::Done => self.count(&self.turns_done, Kind::Done),
-                    TurnState::Failed => self.count(&self.turns_failed, Kind::Failed),
-                    TurnState::GaveUp => self.count(&self.turns_gave_up, Kind::GaveUp),
-                    TurnState::Killed => self.count(&self.turns_killed, Kind::Killed),
-                    _ => {}
+                    TurnState::Done => |c| &mut c.turns_done,
+                    TurnState::Failed => |c| &mut c.turns_failed,
+                    TurnState::GaveUp => |c| &mut c.turns_gave_up,
+                    TurnState::Killed => |c| &mut c.turns_killed,
+                    _ => continue,
                 },
-                _ => {}
-            }
+                _ => continue,
+            };
+            self.count(count);
         }
     }
 
-    fn count(&self, total: &AtomicU64, kind: Kind) {
-        inc(total);
-        self.hour.add(kind, now_ms());
+    /// Count one in total and in this minute of the hour.
+    fn count(&self, count: TurnCount) {
+        *count(&mut self.turns.lock().unwrap_or_else(|p| p.into_inner())) += 1;
+        self.hour.add(count, now_ms());
     }
 
+    /// An attempt was declared lost with its runner.
     pub fn runner_lost(&self) {
-        self.count(&self.runner_lost, Kind::RunnerLost);
+        self.count(|c| &mut c.runner_lost);
     }
+
+    /// A turn was found queued far longer than expected.
     pub fn queued_long(&self) {
         inc(&self.queued_long);
     }
+
+    /// A runner event was applied: it `changed` the turn, or not.
     pub fn applied(&self, changed: bool) {
         inc(if changed {
             &self.events_applied
@@ -150,17 +134,12 @@ impl Counters {
         });
     }
 
+    /// The counters as they stand.
     pub fn snapshot(&self) -> CountersSnapshot {
         let (last_hour, window_start_ms) = self.hour.last_hour(now_ms());
         let g = |c: &AtomicU64| c.load(Ordering::Relaxed);
         CountersSnapshot {
-            turns_done: g(&self.turns_done),
-            turns_failed: g(&self.turns_failed),
-            turns_gave_up: g(&self.turns_gave_up),
-            turns_killed: g(&self.turns_killed),
-            silent_turns: g(&self.silent_turns),
-            retries_scheduled: g(&self.retries_scheduled),
-            runner_lost: g(&self.runner_lost),
+            turns: *self.turns.lock().unwrap_or_else(|p| p.into_inner()),
             dead_lettered: g(&self.dead_lettered),
             queued_long: g(&self.queued_long),
             events_applied: g(&self.events_applied),
@@ -179,9 +158,9 @@ mod tests {
     fn the_hour_window_counts_the_last_sixty_minutes_only() {
         let start = 1_000 * 60_000;
         let w = HourWindow::new(start);
-        w.add(Kind::Done, start);
-        w.add(Kind::GaveUp, start + 30 * 60_000);
-        w.add(Kind::GaveUp, start + 30 * 60_000 + 1);
+        w.add(|c| &mut c.turns_done, start);
+        w.add(|c| &mut c.turns_gave_up, start + 30 * 60_000);
+        w.add(|c| &mut c.turns_gave_up, start + 30 * 60_000 + 1);
         let (c, from) = w.last_hour(start + 30 * 60_000);
         assert_eq!((c.turns_done, c.turns_gave_up), (1, 2));
         assert_eq!(from, start, "a young process counts since it started");
@@ -190,7 +169,7 @@ mod tests {
         assert_eq!((c.turns_done, c.turns_gave_up), (0, 2));
         assert_eq!(from, start + 2 * 60_000);
         // A slot reused an hour later starts from zero.
-        w.add(Kind::Done, start + 60 * 60_000);
+        w.add(|c| &mut c.turns_done, start + 60 * 60_000);
         let (c, _) = w.last_hour(start + 60 * 60_000);
         assert_eq!(c.turns_done, 1);
     }
@@ -221,7 +200,7 @@ mod tests {
         c.effects(&[Effect::Ended {
             state: TurnState::GaveUp,
         }]);
-        let s = c.snapshot();
+        let s = c.snapshot().turns;
         assert_eq!(s.retries_scheduled, 1);
         assert_eq!(s.silent_turns, 1);
         assert_eq!(s.turns_done, 1);

@@ -32,7 +32,7 @@ pub mod sweep;
 pub mod timings;
 
 pub mod metrics;
-pub use counters::{Counters, CountersSnapshot};
+pub use counters::Counters;
 
 /// Claims this coordinator has checked, by key: a claim never changes once created, so one leader
 /// read per attempt serves all of its events. Bounded; only saves reads, decides nothing.

@@ -21,7 +21,8 @@ struct StateLabel {
 
 /// The text exposition of `counters` (and its timings).
 pub fn render(counters: &Counters) -> Result<String, std::fmt::Error> {
-    let s = counters.snapshot();
+    let snapshot = counters.snapshot();
+    let s = &snapshot.turns;
     let mut registry = Registry::with_prefix("turnpike");
     let ended = Family::<StateLabel, Counter>::default();
     for (state, n) in [
@@ -52,17 +53,17 @@ pub fn render(counters: &Counters) -> Result<String, std::fmt::Error> {
         (
             "dead_letters",
             "Events refused and recorded as dead letters",
-            s.dead_lettered,
+            snapshot.dead_lettered,
         ),
         (
             "events_applied",
             "Runner events that changed a turn",
-            s.events_applied,
+            snapshot.events_applied,
         ),
         (
             "events_unchanged",
             "Runner events that changed nothing (duplicates, superseded)",
-            s.events_unchanged,
+            snapshot.events_unchanged,
         ),
     ] {
         let c = Counter::<u64>::default();

@@ -24,7 +24,7 @@ pub use chat::{
 };
 pub use fence::{FenceHolder, FenceMarker};
 pub use ops::{
-    CountersSnapshot, HourCounts, KillRequest, OperatorAction, OpsReply, OpsRequest, OpsStats,
+    CountersSnapshot, KillRequest, OperatorAction, OpsReply, OpsRequest, OpsStats, TurnCounts,
 };
 
 fn v1() -> u16 {

@@ -102,24 +102,14 @@ pub struct OpsReply {
 }
 
 /// A coordinator's counters since it started, as `$SRV.STATS.turnpike-coordinator` and
-/// `turnpike.ops.stats` report them (sum them over coordinators for the cluster).
+/// `turnpike.ops.stats` report them (sum them over coordinators for the cluster). On the wire
+/// the turn counts are fields of this object itself, beside the others.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct CountersSnapshot {
-    /// Turns that ended done.
-    pub turns_done: u64,
-    /// Turns that ended failed.
-    pub turns_failed: u64,
-    /// Turns that gave up.
-    pub turns_gave_up: u64,
-    /// Turns killed.
-    pub turns_killed: u64,
-    /// Turns that ended silent.
-    pub silent_turns: u64,
-    /// Retries scheduled.
-    pub retries_scheduled: u64,
-    /// Attempts declared lost with their runner.
-    pub runner_lost: u64,
+    /// What turns came to, since the process started.
+    #[serde(flatten)]
+    pub turns: TurnCounts,
     /// Inputs refused as dead letters.
     pub dead_lettered: u64,
     /// Turns queued far longer than expected.
@@ -128,16 +118,18 @@ pub struct CountersSnapshot {
     pub events_applied: u64,
     /// Runner events that changed nothing (duplicates, superseded).
     pub events_unchanged: u64,
-    /// The same counts over the last hour, or since `window_start` when the process is younger.
-    pub last_hour: HourCounts,
+    /// What turns came to over the last hour, or since `window_start_ms` when the process is
+    /// younger.
+    pub last_hour: TurnCounts,
     /// Where `last_hour` starts (milliseconds since the epoch).
     pub window_start_ms: u64,
 }
 
-/// Counts over a trailing hour (per process; add them over coordinators).
+/// What turns came to, counted by the coordinator that applied each: in total, and over a
+/// trailing hour (per process; add them over coordinators).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default)]
-pub struct HourCounts {
+pub struct TurnCounts {
     /// Turns that ended done.
     pub turns_done: u64,
     /// Turns that ended failed.
@@ -154,40 +146,31 @@ pub struct HourCounts {
     pub runner_lost: u64,
 }
 
-/// `to.field += from.field` for each counter kept both in total and over the last hour
-/// ([`HourCounts`]'s fields, named once here), then for each `extra` field.
-macro_rules! add_counts {
-    ($to:expr, $from:expr $(, $extra:ident)*) => {
-        add_counts!(@each $to, $from, turns_done, turns_failed, turns_gave_up, turns_killed,
-            silent_turns, retries_scheduled, runner_lost $(, $extra)*)
-    };
-    (@each $to:expr, $from:expr, $($field:ident),+) => {
-        $( $to.$field += $from.$field; )+
-    };
-}
-
 impl CountersSnapshot {
     /// Add another process's counts: cluster figures are sums (each event is counted by the one
     /// coordinator that applied it). The sum's hour covers the shortest window added, the one
     /// that starts last.
     pub fn add(&mut self, other: &CountersSnapshot) {
-        add_counts!(
-            self,
-            other,
-            dead_lettered,
-            queued_long,
-            events_applied,
-            events_unchanged
-        );
+        self.turns.add(&other.turns);
+        self.dead_lettered += other.dead_lettered;
+        self.queued_long += other.queued_long;
+        self.events_applied += other.events_applied;
+        self.events_unchanged += other.events_unchanged;
         self.last_hour.add(&other.last_hour);
         self.window_start_ms = self.window_start_ms.max(other.window_start_ms);
     }
 }
 
-impl HourCounts {
-    /// Add another process's counts over its hour.
-    pub fn add(&mut self, other: &HourCounts) {
-        add_counts!(self, other);
+impl TurnCounts {
+    /// Add another's counts.
+    pub fn add(&mut self, other: &TurnCounts) {
+        self.turns_done += other.turns_done;
+        self.turns_failed += other.turns_failed;
+        self.turns_gave_up += other.turns_gave_up;
+        self.turns_killed += other.turns_killed;
+        self.silent_turns += other.silent_turns;
+        self.retries_scheduled += other.retries_scheduled;
+        self.runner_lost += other.runner_lost;
     }
 }
 

@@ -337,22 +337,28 @@ fn an_ops_request_bounds_what_it_records() {
 #[test]
 fn coordinators_counters_add_up_and_their_hour_is_the_shortest() {
     let one = CountersSnapshot {
-        turns_done: 2,
+        turns: TurnCounts {
+            turns_done: 2,
+            ..TurnCounts::default()
+        },
         events_applied: 5,
-        last_hour: HourCounts {
+        last_hour: TurnCounts {
             turns_done: 1,
             runner_lost: 1,
-            ..HourCounts::default()
+            ..TurnCounts::default()
         },
         window_start_ms: 1_000,
         ..CountersSnapshot::default()
     };
     let other = CountersSnapshot {
-        turns_done: 3,
+        turns: TurnCounts {
+            turns_done: 3,
+            ..TurnCounts::default()
+        },
         queued_long: 4,
-        last_hour: HourCounts {
+        last_hour: TurnCounts {
             turns_done: 2,
-            ..HourCounts::default()
+            ..TurnCounts::default()
         },
         window_start_ms: 7_000,
         ..CountersSnapshot::default()
@@ -363,16 +369,42 @@ fn coordinators_counters_add_up_and_their_hour_is_the_shortest() {
     assert_eq!(
         total,
         CountersSnapshot {
-            turns_done: 5,
+            turns: TurnCounts {
+                turns_done: 5,
+                ..TurnCounts::default()
+            },
             events_applied: 5,
             queued_long: 4,
-            last_hour: HourCounts {
+            last_hour: TurnCounts {
                 turns_done: 3,
                 runner_lost: 1,
-                ..HourCounts::default()
+                ..TurnCounts::default()
             },
             window_start_ms: 7_000,
             ..CountersSnapshot::default()
         }
     );
+}
+
+#[test]
+fn counters_keep_their_turn_counts_at_the_top_of_the_object() {
+    let s = CountersSnapshot {
+        turns: TurnCounts {
+            turns_done: 2,
+            ..TurnCounts::default()
+        },
+        last_hour: TurnCounts {
+            turns_done: 1,
+            ..TurnCounts::default()
+        },
+        ..CountersSnapshot::default()
+    };
+    let json: serde_json::Value = serde_json::to_value(&s).expect("encode");
+    assert_eq!(json["turns_done"], 2, "{json}");
+    assert_eq!(json["last_hour"]["turns_done"], 1, "{json}");
+    assert!(json.get("turns").is_none(), "{json}");
+    // An older coordinator's answer, flat as ever, reads the same.
+    let old: CountersSnapshot =
+        serde_json::from_str(r#"{"turns_done":2,"last_hour":{"turns_done":1}}"#).expect("decode");
+    assert_eq!(old, s);
 }

@@ -3,8 +3,8 @@
 //! it ended, and report that (`events`).
 
 use crate::backend::{Output, RunSpec};
+use crate::context::RunnerContext;
 use crate::events::{emit, report_exit};
-use crate::Inner;
 use std::sync::Arc;
 use std::time::SystemTime;
 use tokio::sync::{mpsc, watch};
@@ -16,25 +16,25 @@ use turnpike_jetstream::{decode, now};
 use turnpike_store::fence::Taken;
 
 /// Take one work message from the runners' consumer and see it through.
-pub(crate) async fn handle(inner: Arc<Inner>, msg: async_nats::jetstream::Message) {
+pub(crate) async fn handle(ctx: Arc<RunnerContext>, msg: async_nats::jetstream::Message) {
     let work: WorkItem = match decode(msg.headers.as_ref(), &msg.payload) {
         Ok(w) => w,
         Err(e) => {
             // The runner's one way to refuse input (as every role: dead letter, counted).
             turnpike_jetstream::refuse(
-                &inner.bus.js,
+                &ctx.bus.js,
                 "runner",
                 &msg,
                 &format!("undecodable work item: {e}"),
-                &inner.refused,
+                &ctx.refused,
             )
             .await;
             return;
         }
     };
     let span = tracing::info_span!("attempt", turn_id = %work.turn, attempt = work.attempt,
-        chat_id = %work.chat, runner_id = %inner.id);
-    run(inner, msg, work).instrument(span).await
+        chat_id = %work.chat, runner_id = %ctx.id);
+    run(ctx, msg, work).instrument(span).await
 }
 
 /// One attempt on this runner, as its steps: claim it ([`Attempt::claim`]), take its fence
@@ -42,7 +42,7 @@ pub(crate) async fn handle(inner: Arc<Inner>, msg: async_nats::jetstream::Messag
 /// output lands ([`Attempt::run`]), and say how it ended ([`Attempt::exit_report`]), which
 /// `events::report_exit` reports. A step that ends the attempt early returns its exit report.
 struct Attempt {
-    inner: Arc<Inner>,
+    ctx: Arc<RunnerContext>,
     msg: async_nats::jetstream::Message,
     work: WorkItem,
     /// When the work item was published: the start of the attempt's time in the queue.
@@ -59,20 +59,20 @@ struct Attempt {
 /// What a step that ends the attempt early leaves to report.
 type Ended = ExitReport;
 
-async fn run(inner: Arc<Inner>, msg: async_nats::jetstream::Message, work: WorkItem) {
+async fn run(ctx: Arc<RunnerContext>, msg: async_nats::jetstream::Message, work: WorkItem) {
     // Listen for kills before claiming: a kill sent at any moment after the claim reaches us.
     // The fence catches any kill the runner's subscription misses (it is plain NATS).
     let (stop_tx, stop_rx) = watch::channel::<Option<StopReason>>(None);
     let stop_tx = Arc::new(stop_tx);
-    let _kills = inner
+    let _kills = ctx
         .kills
         .register(&work.turn, work.attempt, stop_tx.clone());
-    let claimed = Attempt::claim(inner.clone(), msg, work, stop_tx, stop_rx).await;
+    let claimed = Attempt::claim(ctx.clone(), msg, work, stop_tx, stop_rx).await;
     let Some((attempt, lease)) = claimed else {
         return;
     };
     if let Some(report) = attempt.settle().await {
-        report_exit(&attempt.inner, &attempt.work, report).await;
+        report_exit(&attempt.ctx, &attempt.work, report).await;
     }
     lease.abort();
 }
@@ -82,7 +82,7 @@ impl Attempt {
     /// is reported: while it lives, renewed every heartbeat, the attempt is ours and alive; a
     /// lease that lapses is never renewed again, and stops the run). `None`: not ours to run.
     async fn claim(
-        inner: Arc<Inner>,
+        ctx: Arc<RunnerContext>,
         msg: async_nats::jetstream::Message,
         work: WorkItem,
         stop_tx: Arc<watch::Sender<Option<StopReason>>>,
@@ -93,17 +93,17 @@ impl Attempt {
             .map(|i| Timestamp::from_system_time(SystemTime::from(i.published)))
             .unwrap_or_else(|_| now());
         let claimed_at = std::time::Instant::now();
-        if !crate::claim::take(&inner, &msg, &work).await {
+        if !crate::claim::take(&ctx, &msg, &work).await {
             return None;
         }
         let (fence_tx, fence_rx) = watch::channel::<Option<u64>>(None);
         let (watchdog_tx, watchdog) = watch::channel(crate::lease::watchdog_deadline(
             claimed_at,
-            inner.config.lease,
-            inner.config.heartbeat,
+            ctx.config.lease,
+            ctx.config.heartbeat,
         ));
         let lease = crate::lease::keep_alive(
-            inner.clone(),
+            ctx.clone(),
             work.turn.clone(),
             work.attempt,
             stop_tx.clone(),
@@ -112,7 +112,7 @@ impl Attempt {
             claimed_at,
         );
         let attempt = Attempt {
-            inner,
+            ctx,
             msg,
             work,
             published_at,
@@ -139,7 +139,7 @@ impl Attempt {
         };
         report
             .started
-            .get_or_insert_with(|| attempt_start(&self.inner, self.published_at, None));
+            .get_or_insert_with(|| attempt_start(&self.ctx, self.published_at, None));
         Some(report)
     }
 
@@ -158,11 +158,11 @@ impl Attempt {
     /// bounds it.
     async fn fence(&self) -> Result<u64, Ended> {
         use turnpike_core::wire::ExitClass;
-        let (inner, work) = (&self.inner, &self.work);
+        let (ctx, work) = (&self.ctx, &self.work);
         let taken = patiently(
             &self.stop_rx,
-            inner.config.run_timeout,
-            || turnpike_store::fence::take(&inner.bus, &work.turn, work.attempt, &inner.id),
+            ctx.config.run_timeout,
+            || turnpike_store::fence::take(&ctx.bus, &work.turn, work.attempt, &ctx.id),
             turnpike_jetstream::BusError::is_transient,
         )
         .await;
@@ -200,11 +200,11 @@ impl Attempt {
     /// start.
     async fn attachments(&self) -> Result<crate::attachments::Spool, Ended> {
         use crate::attachments::AttachmentError;
-        let (inner, work) = (&self.inner, &self.work);
+        let (ctx, work) = (&self.ctx, &self.work);
         let fetched = patiently(
             &self.stop_rx,
-            inner.config.run_timeout,
-            || crate::attachments::fetch(&inner.bus, &inner.config, work),
+            ctx.config.run_timeout,
+            || crate::attachments::fetch(&ctx.bus, &ctx.config, work),
             |e| matches!(e, AttachmentError::Unavailable(_)),
         )
         .await;
@@ -227,22 +227,23 @@ impl Attempt {
     /// Run the agent on the backend while its output lands on the chat, under fence `fence_seq`,
     /// until it exits or is stopped.
     async fn run(&self, fence_seq: u64, spool: &crate::attachments::Spool) -> Run {
-        let (inner, work) = (&self.inner, &self.work);
+        let (ctx, work) = (&self.ctx, &self.work);
         let spec = RunSpec {
             work: work.clone(),
             attachments: spool.files.clone(),
-            memory_limit: inner.config.memory_limit.0,
-            stop_grace: inner.config.stop_grace,
+            memory_limit: ctx.config.memory_limit.0,
+            stop_grace: ctx.config.stop_grace,
             watchdog: self.watchdog.clone(),
         };
         let (out_tx, mut out_rx) = mpsc::channel::<Output>(64);
         // The time limit and a hard stop of the runner (operator kills are routed by `kills`).
-        let causes = crate::stop::Causes::watch(inner, &self.stop_tx);
-        let backend_inner = inner.clone();
+        let causes =
+            crate::stop::Causes::watch(ctx.config.run_timeout, &ctx.hard_stop, &self.stop_tx);
+        let backend_inner = ctx.clone();
         let stop_rx = self.stop_rx.clone();
         let run =
             tokio::spawn(async move { backend_inner.backend.run(&spec, out_tx, stop_rx).await });
-        let mut lander = crate::land::Lander::new(inner, work, fence_seq);
+        let mut lander = crate::land::Lander::new(ctx, work, fence_seq);
         let mut started_at = None;
         while let Some(chunk) = out_rx.recv().await {
             match chunk {
@@ -252,7 +253,7 @@ impl Attempt {
                     let started = RunnerEventKind::Started {
                         published_at: self.published_at,
                     };
-                    emit(inner, work, "started", started).await;
+                    emit(ctx, work, "started", started).await;
                     info!("attempt started");
                 }
                 Output::Stdout(bytes) => lander.stdout(&bytes, &self.stop_tx).await,
@@ -308,11 +309,11 @@ impl Attempt {
             reply_span: landing.landed.span,
             output_cut: landing.cut,
             ended_at: now(),
-            started: Some(attempt_start(&self.inner, self.published_at, started_at)),
+            started: Some(attempt_start(&self.ctx, self.published_at, started_at)),
         }
         .bounded();
         if landing.uncertain {
-            crate::claim::settle_uncertain(&self.inner, &self.work, &mut report).await?;
+            crate::claim::settle_uncertain(&self.ctx, &self.work, &mut report).await?;
         }
         Some(report)
     }
@@ -329,12 +330,12 @@ struct Run {
 /// Who ran the attempt and when, as its exit report says (`started_at: None`: the agent never
 /// started).
 fn attempt_start(
-    inner: &Inner,
+    ctx: &RunnerContext,
     published_at: Timestamp,
     started_at: Option<Timestamp>,
 ) -> AttemptStart {
     AttemptStart {
-        runner: inner.id.clone(),
+        runner: ctx.id.clone(),
         published_at,
         started_at,
     }

@@ -2,7 +2,7 @@
 //! often its work item is delivered; a delivery that cannot be taken now comes back), and fencing
 //! one of this runner's attempts out to settle what it landed.
 
-use crate::Inner;
+use crate::context::RunnerContext;
 use async_nats::jetstream::AckKind;
 use std::time::Duration;
 use tracing::{debug, info, warn};
@@ -15,7 +15,7 @@ use turnpike_store::claims::Created;
 /// as a duplicate, or handed back to be delivered again). The lease comes a heartbeat later, from
 /// the run itself (`lease::keep_alive`): most runs end before, and write none.
 pub(crate) async fn take(
-    inner: &Inner,
+    ctx: &RunnerContext,
     msg: &async_nats::jetstream::Message,
     work: &WorkItem,
 ) -> bool {
@@ -25,12 +25,12 @@ pub(crate) async fn take(
         turn: work.turn.clone(),
         attempt: work.attempt,
         holder: ClaimHolder::Runner {
-            runner: inner.id.clone(),
+            runner: ctx.id.clone(),
         },
         at: now(),
         token: Some(token()),
     };
-    match turnpike_store::claims::create(&inner.bus, &claim).await {
+    match turnpike_store::claims::create(&ctx.bus, &claim).await {
         Ok(Created::Ours) => true,
         Ok(Created::Held(_)) => {
             info!("attempt already claimed (or cancelled); dropping this delivery");
@@ -68,11 +68,11 @@ fn token() -> String {
 /// reply (found by the model checker: `Bugs::trust_uncertain_count`). `None` when the count
 /// cannot be settled: no report then; the lease lapses and the sweep counts.
 pub(crate) async fn settle_uncertain(
-    inner: &Inner,
+    ctx: &RunnerContext,
     work: &WorkItem,
     report: &mut ExitReport,
 ) -> Option<()> {
-    match fence_out_and_count(inner, &work.chat, &work.turn, work.attempt).await {
+    match fence_out_and_count(ctx, &work.chat, &work.turn, work.attempt).await {
         Settled::Landed(landed) => {
             report.messages_landed = landed.count;
             report.reply_span = landed.span;
@@ -97,16 +97,16 @@ pub(crate) enum Settled {
 /// Move the turn's fence past `attempt` (only if it could still hold it), then count what of it
 /// landed: after the move the count is final. The same order as the sweep's for a lost attempt.
 pub(crate) async fn fence_out_and_count(
-    inner: &Inner,
+    ctx: &RunnerContext,
     chat: &turnpike_core::ChatId,
     turn: &turnpike_core::TurnId,
     attempt: u32,
 ) -> Settled {
     use turnpike_store::fence::{self, Losing};
-    let writer = turnpike_core::fence::FenceWriter::Runner(inner.id.clone());
-    match fence::lose(&inner.bus, turn, attempt, &writer).await {
+    let writer = turnpike_core::fence::FenceWriter::Runner(ctx.id.clone());
+    match fence::lose(&ctx.bus, turn, attempt, &writer).await {
         Ok(Losing::Fenced { runner_seq, .. }) => {
-            match fence::landed(&inner.bus, chat, turn, attempt, runner_seq).await {
+            match fence::landed(&ctx.bus, chat, turn, attempt, runner_seq).await {
                 Ok(landed) => Settled::Landed(landed),
                 Err(e) => {
                     warn!(turn_id = %turn, attempt, error = %e, "could not count what the attempt landed; the lease sweep will settle it");

@@ -2,7 +2,7 @@
 //! Each is retried with the same dedup id, so a blip neither loses nor doubles one.
 
 use crate::claim::{fence_out_and_count, Settled};
-use crate::Inner;
+use crate::context::RunnerContext;
 use tracing::warn;
 use turnpike_core::subjects::{self, msg_id};
 use turnpike_core::wire::{ExitReport, RunnerEvent, RunnerEventKind, WorkItem};
@@ -18,8 +18,8 @@ pub(crate) struct WorkItemRef<'a> {
 }
 
 /// Publish a runner event, retried (same dedup id) so a blip does not lose it.
-pub(crate) async fn emit(inner: &Inner, work: &WorkItem, what: &str, kind: RunnerEventKind) {
-    let _ = emit_for(inner, work_ref(work), what, kind).await;
+pub(crate) async fn emit(ctx: &RunnerContext, work: &WorkItem, what: &str, kind: RunnerEventKind) {
+    let _ = emit_for(ctx, work_ref(work), what, kind).await;
 }
 
 fn work_ref(work: &WorkItem) -> WorkItemRef<'_> {
@@ -33,7 +33,7 @@ fn work_ref(work: &WorkItem) -> WorkItemRef<'_> {
 /// Publish, retrying what may pass; `Err` with the last failure if it was not published (a
 /// failure no retry changes is not retried).
 async fn emit_for(
-    inner: &Inner,
+    ctx: &RunnerContext,
     work: WorkItemRef<'_>,
     what: &str,
     kind: RunnerEventKind,
@@ -43,25 +43,21 @@ async fn emit_for(
         turn: work.turn.clone(),
         chat: work.chat.clone(),
         attempt: work.attempt,
-        runner: inner.id.clone(),
+        runner: ctx.id.clone(),
         at: now(),
         kind,
     };
-    let id = msg_id::event(work.turn, work.attempt, &inner.id, what);
+    let id = msg_id::event(work.turn, work.attempt, &ctx.id, what);
     let mut retries = crate::retries::Retries::event();
     loop {
-        let publish = Publish::new(
-            inner.bus.codec,
-            subjects::events(work.turn, &inner.id),
-            &event,
-        )
-        .map(|p| {
-            p.msg_id(&id)
-                .header(subjects::HDR_TURN, work.turn.as_str())
-                .header(subjects::HDR_ATTEMPT, &work.attempt.to_string())
-        });
+        let publish = Publish::new(ctx.bus.codec, subjects::events(work.turn, &ctx.id), &event)
+            .map(|p| {
+                p.msg_id(&id)
+                    .header(subjects::HDR_TURN, work.turn.as_str())
+                    .header(subjects::HDR_ATTEMPT, &work.attempt.to_string())
+            });
         let result = match publish {
-            Ok(p) => p.send(&inner.bus.js).await.map(|_| ()),
+            Ok(p) => p.send(&ctx.bus.js).await.map(|_| ()),
             Err(e) => Err(e),
         };
         let Err(e) = result else { return Ok(()) };
@@ -89,12 +85,12 @@ async fn emit_for(
 /// coordinator's sweep, it first fences the attempt out (unless a later attempt holds the fence
 /// already) and then counts what of it landed, so a reply that landed is never followed by a retry.
 pub(crate) async fn report_orphan(
-    inner: &Inner,
+    ctx: &RunnerContext,
     turn: turnpike_core::TurnId,
     chat: turnpike_core::ChatId,
     attempt: u32,
 ) {
-    let Settled::Landed(landed) = fence_out_and_count(inner, &chat, &turn, attempt).await else {
+    let Settled::Landed(landed) = fence_out_and_count(ctx, &chat, &turn, attempt).await else {
         return;
     };
     let work_like = WorkItemRef {
@@ -104,26 +100,26 @@ pub(crate) async fn report_orphan(
     };
     let report =
         ExitReport::runner_lost("the runner restarted while the attempt ran", landed, now());
-    self::report(inner, work_like, report).await
+    self::report(ctx, work_like, report).await
 }
 
-pub(crate) async fn report_exit(inner: &Inner, work: &WorkItem, report: ExitReport) {
-    self::report(inner, work_ref(work), report).await
+pub(crate) async fn report_exit(ctx: &RunnerContext, work: &WorkItem, report: ExitReport) {
+    self::report(ctx, work_ref(work), report).await
 }
 
 /// Publish an exit report. A report refused for good (it fits by construction; a server with a
 /// lower limit than configured may still refuse it) is sent again without its error text,
 /// which is all that can make it large: the coordinator needs the rest to decide.
-async fn report(inner: &Inner, work: WorkItemRef<'_>, report: ExitReport) {
+async fn report(ctx: &RunnerContext, work: WorkItemRef<'_>, report: ExitReport) {
     let stripped = ExitReport {
         error: None,
         ..report.clone()
     };
-    let sent = emit_for(inner, work, "exited", RunnerEventKind::Exited { report }).await;
+    let sent = emit_for(ctx, work, "exited", RunnerEventKind::Exited { report }).await;
     if let Err(e) = sent {
         if !e.is_transient() {
             let _ = emit_for(
-                inner,
+                ctx,
                 work,
                 "exited",
                 RunnerEventKind::Exited { report: stripped },

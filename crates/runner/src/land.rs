@@ -2,9 +2,9 @@
 //! the chat's outbound subject only while the turn's fence is this attempt's, status updates,
 //! and the agent's own verdict.
 
+use crate::context::RunnerContext;
 use crate::events::emit;
 use crate::lines::{Line, LineSplitter, MAX_LINE};
-use crate::Inner;
 use async_nats::jetstream::publish::PublishAck;
 use tokio::sync::watch;
 use tracing::{debug, warn};
@@ -34,7 +34,7 @@ pub(crate) struct Landing {
 
 /// Lands one attempt's output while the turn's fence is the attempt's.
 pub(crate) struct Lander<'a> {
-    inner: &'a Inner,
+    ctx: &'a RunnerContext,
     work: &'a WorkItem,
     fence_subject: String,
     fence_seq: u64,
@@ -56,9 +56,9 @@ pub(crate) struct Lander<'a> {
 
 impl<'a> Lander<'a> {
     /// A lander for `work`, whose fence this runner holds at `fence_seq`.
-    pub(crate) fn new(inner: &'a Inner, work: &'a WorkItem, fence_seq: u64) -> Self {
+    pub(crate) fn new(ctx: &'a RunnerContext, work: &'a WorkItem, fence_seq: u64) -> Self {
         Lander {
-            inner,
+            ctx,
             work,
             fence_subject: subjects::fence(&work.turn),
             fence_seq,
@@ -153,7 +153,7 @@ impl<'a> Lander<'a> {
         }
         let text = self.bounded(text);
         let size = turnpike_core::sizes::str_len(&text) as u64;
-        let config = &self.inner.config;
+        let config = &self.ctx.config;
         if self.landed.count >= config.attempt_messages_max
             || self.bytes_landed + size > config.attempt_bytes_max.0
         {
@@ -210,7 +210,7 @@ impl<'a> Lander<'a> {
     /// The fence moved: nothing more of this attempt can land; stop the run.
     async fn fenced_out(&mut self, stop: &watch::Sender<Option<StopReason>>) {
         self.fenced = true;
-        let why = crate::stop::fence_moved(self.inner, &self.work.turn, self.fence_seq).await;
+        let why = crate::stop::fence_moved(&self.ctx.bus, &self.work.turn, self.fence_seq).await;
         warn!(
             ?why,
             "the fence moved: the bot message was refused; stopping the run"
@@ -220,7 +220,7 @@ impl<'a> Lander<'a> {
 
     /// The one notice that this attempt's output was cut at its limits, under its fence.
     async fn cut_marker(&mut self, stop: &watch::Sender<Option<StopReason>>) {
-        let config = &self.inner.config;
+        let config = &self.ctx.config;
         let text = turnpike_core::texts::output_cut_notice(
             config.attempt_messages_max,
             config.attempt_bytes_max.0,
@@ -252,7 +252,7 @@ impl<'a> Lander<'a> {
     /// Publish on the chat's outbound subject, only while the turn's fence is this attempt's
     /// (`BusError::Fenced` when it moved), deduplicated by `id`.
     async fn publish(&self, item: &OutboundItem, id: &str) -> Result<PublishAck, BusError> {
-        let bus = &self.inner.bus;
+        let bus = &self.ctx.bus;
         Publish::new(bus.codec, subjects::chat_out(&self.work.chat), item)?
             .msg_id(id)
             .header(subjects::HDR_TURN, self.work.turn.as_str())
@@ -266,7 +266,7 @@ impl<'a> Lander<'a> {
     /// Text cut to `message_max_bytes` encoded, with a marker: a long reply is shown cut, never
     /// dropped.
     fn bounded(&self, text: String) -> String {
-        let max = usize::try_from(self.inner.config.message_max_bytes.0).unwrap_or(usize::MAX);
+        let max = usize::try_from(self.ctx.config.message_max_bytes.0).unwrap_or(usize::MAX);
         match turnpike_core::sizes::cut(&text, max) {
             std::borrow::Cow::Borrowed(_) => text,
             std::borrow::Cow::Owned(cut) => {
@@ -281,7 +281,7 @@ impl<'a> Lander<'a> {
 
     async fn status(&mut self, text: String) {
         // Bounded like the messages: past the limit, progress is no longer published.
-        if self.status_seq >= self.inner.config.attempt_messages_max {
+        if self.status_seq >= self.ctx.config.attempt_messages_max {
             return;
         }
         let text = self.bounded(text);
@@ -293,7 +293,7 @@ impl<'a> Lander<'a> {
             debug!(error = %e, "status update not published");
         }
         emit(
-            self.inner,
+            self.ctx,
             self.work,
             &format!("progress.{}", self.status_seq),
             RunnerEventKind::Progress { text },

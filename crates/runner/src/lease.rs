@@ -3,7 +3,7 @@
 //! cannot renew for longer than the lease allows stops its own run first, so a runner cut off from
 //! NATS never keeps a zombie attempt going after the coordinator may have declared it lost.
 
-use crate::Inner;
+use crate::context::RunnerContext;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
@@ -29,7 +29,7 @@ use turnpike_store::leases;
 /// with no trace of one a whole lease before it calls it lost (`recovery::absent_lease`), by
 /// which time this loop has written it or stopped the run.
 pub(crate) fn keep_alive(
-    inner: Arc<Inner>,
+    ctx: Arc<RunnerContext>,
     turn: TurnId,
     attempt: u32,
     stop: Arc<watch::Sender<Option<StopReason>>>,
@@ -38,9 +38,9 @@ pub(crate) fn keep_alive(
     claimed_at: Instant,
 ) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
-        let key = subjects::lease_key(&turn, attempt, &inner.id);
-        let lease = inner.config.lease;
-        let beat = inner.config.heartbeat;
+        let key = subjects::lease_key(&turn, attempt, &ctx.id);
+        let lease = ctx.config.lease;
+        let beat = ctx.config.heartbeat;
         // `last_ok` is when the last write that succeeded was *sent* (the server's TTL started
         // no earlier than that), or the claim's, before the first. `seq` is the lease's
         // sequence, none until it exists.
@@ -66,7 +66,7 @@ pub(crate) fn keep_alive(
             let expect = Some(seq.unwrap_or(0));
             let renewed = tokio::time::timeout(
                 budget,
-                leases::renew(&inner.bus, &key, &inner.id, lease, expect),
+                leases::renew(&ctx.bus, &key, &ctx.id, lease, expect),
             )
             .await;
             // Every other request of this loop is bounded by the same deadline: one that waits for
@@ -85,7 +85,7 @@ pub(crate) fn keep_alive(
                     watchdog.send_replace(watchdog_deadline(last_ok, lease, beat));
                 }
                 Ok(Err(BusError::Fenced { .. })) => {
-                    match tokio::time::timeout(left(), leases::held_by(&inner.bus, &key, &inner.id))
+                    match tokio::time::timeout(left(), leases::held_by(&ctx.bus, &key, &ctx.id))
                         .await
                     {
                         Ok(Ok(Some(s))) => seq = Some(s),
@@ -106,7 +106,7 @@ pub(crate) fn keep_alive(
             let ours = *fence.borrow();
             if let (true, Some(ours)) = (renewed_ok, ours) {
                 let read =
-                    tokio::time::timeout(left(), turnpike_store::fence::last(&inner.bus, &turn))
+                    tokio::time::timeout(left(), turnpike_store::fence::last(&ctx.bus, &turn))
                         .await;
                 if let Ok(Ok(last)) = read {
                     let why =

@@ -6,10 +6,10 @@ pub mod attachments;
 mod attempt;
 pub mod backend;
 mod claim;
+mod context;
 mod events;
 mod kills;
 mod land;
-/// How a run ended: the rules live in core, shared with the protocol model.
 mod lease;
 pub mod lines;
 mod reaper;
@@ -19,6 +19,7 @@ mod stop;
 
 use async_nats::jetstream::consumer::PullConsumer;
 use backend::{Backend, DockerBackend, ProcessBackend};
+use context::RunnerContext;
 use std::sync::Arc;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
@@ -38,29 +39,13 @@ pub enum RunnerError {
     Identity(String),
 }
 
-pub(crate) struct Inner {
-    pub(crate) bus: Bus,
-    pub(crate) config: Config,
-    pub(crate) id: RunnerId,
-    pub(crate) backend: Backend,
-    /// Cancelled when running attempts must be killed (drain grace over).
-    pub(crate) hard_stop: CancellationToken,
-    /// Attempts running now. Not the semaphore's count: the pull loop holds a permit while it
-    /// merely waits for work.
-    pub(crate) running: std::sync::atomic::AtomicU32,
-    /// Work items refused (dead-lettered) since start.
-    pub(crate) refused: std::sync::atomic::AtomicU64,
-    /// Where operator kills go: the runs registered for them.
-    pub(crate) kills: Arc<kills::Routes>,
-}
-
 pub struct Runner {
-    inner: Arc<Inner>,
+    ctx: Arc<RunnerContext>,
 }
 
 /// A runner's `/metrics` (on `metrics_listen`): its slots and the attempts running now.
 #[derive(Clone)]
-pub struct RunnerMetrics(Arc<Inner>);
+pub struct RunnerMetrics(Arc<RunnerContext>);
 
 impl RunnerMetrics {
     pub fn render(&self) -> Result<String, std::fmt::Error> {
@@ -140,7 +125,7 @@ fn check_identity(config: &Config) -> Result<(), RunnerError> {
 
 impl Runner {
     pub fn metrics(&self) -> RunnerMetrics {
-        RunnerMetrics(self.inner.clone())
+        RunnerMetrics(self.ctx.clone())
     }
 
     pub async fn new(bus: Bus, config: Config) -> Result<Runner, RunnerError> {
@@ -161,7 +146,7 @@ impl Runner {
             }
         };
         Ok(Runner {
-            inner: Arc::new(Inner {
+            ctx: Arc::new(RunnerContext {
                 id,
                 bus,
                 config,
@@ -175,15 +160,15 @@ impl Runner {
     }
 
     pub fn id(&self) -> &RunnerId {
-        &self.inner.id
+        &self.ctx.id
     }
 
     /// Pull and run attempts until `shutdown` is cancelled; then take no new work, let running
     /// attempts finish for up to `stop_grace`, kill what is left, and return once all reported.
     pub async fn run(self, shutdown: CancellationToken) -> Result<(), RunnerError> {
-        let inner = self.inner;
+        let ctx = self.ctx;
         let Some(consumer): Option<PullConsumer> = turnpike_jetstream::consume::durable_patiently(
-            &inner.bus.js,
+            &ctx.bus.js,
             subjects::STREAM_WORK,
             subjects::CONSUMER_RUNNERS,
             &shutdown,
@@ -194,33 +179,31 @@ impl Runner {
         };
         // Before any work is taken: a run registers for kills before its claim, and from then
         // on this subscription hears them.
-        let kills = inner
+        let kills = ctx
             .bus
             .client
             .subscribe(subjects::KILL_ALL)
             .await
             .map_err(|e| BusError::kv("subscribe to operator kills", e))?;
-        let kills = tokio::spawn(kills::route(inner.kills.clone(), kills));
-        let slots = Arc::new(Semaphore::new(inner.config.runner_slots as usize));
-        reap_orphans(&inner).await;
-        let presence = tokio::spawn(announce(inner.clone()));
+        let kills = tokio::spawn(kills::route(ctx.kills.clone(), kills));
+        let slots = Arc::new(Semaphore::new(ctx.config.runner_slots as usize));
+        reap_orphans(&ctx).await;
+        let presence = tokio::spawn(announce(ctx.clone()));
         let reaper_stop = CancellationToken::new();
         let reaper = tokio::spawn(reaper::run(
-            inner.clone(),
-            inner.config.lease,
+            ctx.clone(),
+            ctx.config.lease,
             reaper_stop.clone(),
         ));
         let mut tasks = tokio::task::JoinSet::new();
-        info!(runner_id = %inner.id, slots = inner.config.runner_slots, backend = inner.backend.name(), "runner started");
+        info!(runner_id = %ctx.id, slots = ctx.config.runner_slots, backend = ctx.backend.name(), "runner started");
         turnpike_jetstream::consume::each_with_slot(&consumer, slots, &shutdown, |msg, slot| {
-            let inner = inner.clone();
-            inner
-                .running
+            let ctx = ctx.clone();
+            ctx.running
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             tasks.spawn(async move {
-                attempt::handle(inner.clone(), msg).await;
-                inner
-                    .running
+                attempt::handle(ctx.clone(), msg).await;
+                ctx.running
                     .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
                 drop(slot);
             });
@@ -228,7 +211,7 @@ impl Runner {
         })
         .await;
         info!(running = tasks.len(), "runner draining");
-        let grace = inner.config.stop_grace;
+        let grace = ctx.config.stop_grace;
         if tokio::time::timeout(grace, async { while tasks.join_next().await.is_some() {} })
             .await
             .is_err()
@@ -237,7 +220,7 @@ impl Runner {
                 running = tasks.len(),
                 "drain grace over; stopping running attempts"
             );
-            inner.hard_stop.cancel();
+            ctx.hard_stop.cancel();
             while tasks.join_next().await.is_some() {}
         }
         presence.abort();
@@ -245,7 +228,7 @@ impl Runner {
         let _ = reaper.await;
         kills.abort();
         // Going away: say so at once rather than letting the presence TTL run out.
-        let _ = turnpike_store::runners::withdraw(&inner.bus, &inner.id).await;
+        let _ = turnpike_store::runners::withdraw(&ctx.bus, &ctx.id).await;
         info!("runner stopped");
         Ok(())
     }
@@ -254,8 +237,8 @@ impl Runner {
 /// Remove runs an earlier life of this runner left behind and report their attempts as runner
 /// lost. Idempotent: the event's dedup id is the one the attempt's own exit report would use, and
 /// the coordinator ignores it if its sweep declared the attempt lost already.
-async fn reap_orphans(inner: &Arc<Inner>) {
-    let orphans = match inner.backend.reap_orphans().await {
+async fn reap_orphans(ctx: &Arc<RunnerContext>) {
+    let orphans = match ctx.backend.reap_orphans().await {
         Ok(o) => o,
         Err(e) => {
             warn!(error = %e, "could not look for runs left by an earlier life");
@@ -268,32 +251,32 @@ async fn reap_orphans(inner: &Arc<Inner>) {
             continue;
         };
         warn!(turn_id = %turn, attempt, container = %o.container, "removed a run left by an earlier life; reporting it lost");
-        events::report_orphan(inner, turn, chat, attempt).await;
+        events::report_orphan(ctx, turn, chat, attempt).await;
     }
 }
 
 /// Keep this runner's presence (id, host, slots, slots in use, version) fresh in the runners
 /// bucket; the TTL removes it if the runner dies.
-async fn announce(inner: Arc<Inner>) {
-    let ttl = inner.config.lease * 2;
+async fn announce(ctx: Arc<RunnerContext>) {
+    let ttl = ctx.config.lease * 2;
     loop {
-        let total = inner.config.runner_slots;
+        let total = ctx.config.runner_slots;
         let presence = turnpike_core::wire::RunnerPresence {
             v: turnpike_core::FORMAT_VERSION,
-            runner: inner.id.clone(),
+            runner: ctx.id.clone(),
             host: turnpike_jetstream::host_name(),
-            backend: inner.backend.name().to_owned(),
+            backend: ctx.backend.name().to_owned(),
             slots: total,
-            slots_in_use: inner
+            slots_in_use: ctx
                 .running
                 .load(std::sync::atomic::Ordering::Relaxed)
                 .min(total),
             version: env!("CARGO_PKG_VERSION").to_owned(),
             at: turnpike_jetstream::now(),
         };
-        if let Err(e) = turnpike_store::runners::announce(&inner.bus, &presence, ttl).await {
+        if let Err(e) = turnpike_store::runners::announce(&ctx.bus, &presence, ttl).await {
             warn!(error = %e, "presence not refreshed");
         }
-        tokio::time::sleep(inner.config.heartbeat).await;
+        tokio::time::sleep(ctx.config.heartbeat).await;
     }
 }

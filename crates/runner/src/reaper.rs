@@ -8,20 +8,20 @@
 //!   process is dead; Docker: its presence lapsed and the attempt holds no live lease).
 
 use crate::backend::{tree, Backend};
-use crate::Inner;
+use crate::context::RunnerContext;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
 /// Look every `every` until `shutdown`.
-pub(crate) async fn run(inner: Arc<Inner>, every: Duration, shutdown: CancellationToken) {
+pub(crate) async fn run(ctx: Arc<RunnerContext>, every: Duration, shutdown: CancellationToken) {
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => return,
             _ = tokio::time::sleep(every) => {}
         }
-        let reaped = reap_once(&inner).await;
+        let reaped = reap_once(&ctx).await;
         if reaped > 0 {
             warn!(reaped, "removed runs nobody would end");
         }
@@ -29,10 +29,10 @@ pub(crate) async fn run(inner: Arc<Inner>, every: Duration, shutdown: Cancellati
 }
 
 /// One look; how many runs (processes, containers) were removed.
-pub(crate) async fn reap_once(inner: &Arc<Inner>) -> usize {
-    match &inner.backend {
+pub(crate) async fn reap_once(ctx: &Arc<RunnerContext>) -> usize {
+    match &ctx.backend {
         Backend::Process(p) => {
-            let (me, routes) = (p.instance().clone(), inner.kills.clone());
+            let (me, routes) = (p.instance().clone(), ctx.kills.clone());
             let doomed = move |tag: &tree::Tag| {
                 if me.started(tag) {
                     !routes.is_running(&tag.turn, tag.attempt)
@@ -54,7 +54,7 @@ pub(crate) async fn reap_once(inner: &Arc<Inner>) -> usize {
             };
             let mut reaped = 0;
             for c in containers {
-                if stray(inner, d, &c).await {
+                if stray(ctx, d, &c).await {
                     warn!(container = %c.id, turn_id = ?c.turn, attempt = ?c.attempt, runner = ?c.runner, "removing a run nobody will end");
                     d.remove_container(&c.id).await;
                     reaped += 1;
@@ -67,7 +67,7 @@ pub(crate) async fn reap_once(inner: &Arc<Inner>) -> usize {
 
 /// Is this container a run nobody will end?
 async fn stray(
-    inner: &Inner,
+    ctx: &RunnerContext,
     d: &crate::backend::DockerBackend,
     c: &crate::backend::Container,
 ) -> bool {
@@ -75,7 +75,7 @@ async fn stray(
         return false;
     };
     if d.started(c) {
-        return !inner.kills.is_running(turn.as_str(), attempt);
+        return !ctx.kills.is_running(turn.as_str(), attempt);
     }
     // Another runner's (or an earlier life of this one's, which its restart reaps): only of
     // this deployment (whose runners this one can see), once that runner is gone and the
@@ -86,20 +86,20 @@ async fn stray(
     let Some(runner) = &c.runner else {
         return false;
     };
-    if runner == inner.id.as_str() {
+    if runner == ctx.id.as_str() {
         return false;
     }
     let Ok(runner) = turnpike_core::RunnerId::new(runner.as_str()) else {
         return false;
     };
     if !matches!(
-        turnpike_store::runners::is_present(&inner.bus, &runner).await,
+        turnpike_store::runners::is_present(&ctx.bus, &runner).await,
         Ok(false)
     ) {
         return false;
     }
     matches!(
-        turnpike_store::leases::state(&inner.bus, turn, attempt, &runner).await,
+        turnpike_store::leases::state(&ctx.bus, turn, attempt, &runner).await,
         Ok(turnpike_store::leases::Lease::Lapsed(_) | turnpike_store::leases::Lease::Absent)
     )
 }

@@ -2,9 +2,10 @@
 //! limit, the runner draining, the lease, the fence); they meet in one watch channel that the
 //! backend waits on, and [`StopReason::stands`] decides which one holds when several come.
 
-use crate::Inner;
 use std::sync::Arc;
+use std::time::Duration;
 use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
 use turnpike_core::exit::StopReason;
 use turnpike_core::TurnId;
 
@@ -22,8 +23,8 @@ pub(crate) fn request(stop: &Stop, why: StopReason) -> bool {
 }
 
 /// Why a run whose fence moved from `ours` must stop, as the fence says now.
-pub(crate) async fn fence_moved(inner: &Inner, turn: &TurnId, ours: u64) -> StopReason {
-    match turnpike_store::fence::last(&inner.bus, turn).await {
+pub(crate) async fn fence_moved(bus: &turnpike_store::Bus, turn: &TurnId, ours: u64) -> StopReason {
+    match turnpike_store::fence::last(bus, turn).await {
         Ok(last) => turnpike_core::fence::check(last.as_ref(), ours)
             .map_or(StopReason::Superseded, StopReason::fenced),
         // Refused, so not ours any more, whichever it was.
@@ -36,10 +37,14 @@ pub(crate) async fn fence_moved(inner: &Inner, turn: &TurnId, ours: u64) -> Stop
 pub(crate) struct Causes(Vec<tokio::task::JoinHandle<()>>);
 
 impl Causes {
-    pub(crate) fn watch(inner: &Arc<Inner>, stop: &Arc<Stop>) -> Causes {
+    /// Stop the run after `limit` (the run's time limit), or when `hard_stop` is cancelled.
+    pub(crate) fn watch(
+        limit: Duration,
+        hard_stop: &CancellationToken,
+        stop: &Arc<Stop>,
+    ) -> Causes {
         let timer = {
             let stop = stop.clone();
-            let limit = inner.config.run_timeout;
             tokio::spawn(async move {
                 tokio::time::sleep(limit).await;
                 request(&stop, StopReason::Timeout);
@@ -47,7 +52,7 @@ impl Causes {
         };
         let drain = {
             let stop = stop.clone();
-            let token = inner.hard_stop.clone();
+            let token = hard_stop.clone();
             tokio::spawn(async move {
                 token.cancelled().await;
                 request(&stop, StopReason::Drain);

@@ -87,6 +87,22 @@ fn table(headers: &[&str], rows: &[Vec<String>]) {
     }
 }
 
+/// A list, as JSON or as a table of `headers` with one `row` per item (none: left out).
+fn print_list<T: Serialize>(
+    json: bool,
+    items: &[T],
+    headers: &[&str],
+    row: impl Fn(&T) -> Option<Vec<String>>,
+) -> Result<ExitCode> {
+    if json {
+        print_json(&items)?;
+    } else {
+        let rows: Vec<Vec<String>> = items.iter().filter_map(row).collect();
+        table(headers, &rows);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
 fn print_json<T: Serialize>(value: &T) -> Result<()> {
     println!("{}", serde_json::to_string_pretty(value)?);
     Ok(())
@@ -118,24 +134,16 @@ pub async fn turns_cmd(bus: &Bus, cmd: TurnsCmd, json: bool) -> Result<ExitCode>
                     && chat.as_deref().is_none_or(|c| c == r.chat.as_str())
             });
             records.sort_by_key(|r| r.created_at);
-            if json {
-                print_json(&records)?;
-            } else {
-                let rows: Vec<Vec<String>> = records
-                    .iter()
-                    .map(|r| {
-                        vec![
-                            r.turn.to_string(),
-                            r.chat.to_string(),
-                            r.state.to_string(),
-                            format!("{}/{}", r.attempt, r.max_attempts),
-                            age(r.updated_at),
-                        ]
-                    })
-                    .collect();
-                table(&["TURN", "CHAT", "STATE", "ATTEMPT", "UPDATED"], &rows);
-            }
-            Ok(ExitCode::SUCCESS)
+            let headers = ["TURN", "CHAT", "STATE", "ATTEMPT", "UPDATED"];
+            print_list(json, &records, &headers, |r| {
+                Some(vec![
+                    r.turn.to_string(),
+                    r.chat.to_string(),
+                    r.state.to_string(),
+                    format!("{}/{}", r.attempt, r.max_attempts),
+                    age(r.updated_at),
+                ])
+            })
         }
         TurnsCmd::Show { turn } => {
             let id = TurnId::new(turn.as_str()).context("turn id")?;
@@ -284,25 +292,16 @@ pub async fn chats_cmd(bus: &Bus, cmd: ChatsCmd, json: bool) -> Result<ExitCode>
     match cmd {
         ChatsCmd::Errored => {
             let flagged = views::errored_chats(bus).await?;
-            if json {
-                print_json(&flagged)?;
-            } else {
-                let rows: Vec<Vec<String>> = flagged
-                    .iter()
-                    .filter_map(|c| {
-                        c.errored.as_ref().map(|e| {
-                            vec![
-                                c.chat.to_string(),
-                                e.turn.to_string(),
-                                e.at.to_string(),
-                                e.reason.clone(),
-                            ]
-                        })
-                    })
-                    .collect();
-                table(&["CHAT", "TURN", "AT", "REASON"], &rows);
-            }
-            Ok(ExitCode::SUCCESS)
+            print_list(json, &flagged, &["CHAT", "TURN", "AT", "REASON"], |c| {
+                c.errored.as_ref().map(|e| {
+                    vec![
+                        c.chat.to_string(),
+                        e.turn.to_string(),
+                        e.at.to_string(),
+                        e.reason.clone(),
+                    ]
+                })
+            })
         }
         ChatsCmd::Clear { chat, by } => {
             let chat = ChatId::new(chat).context("chat id")?;

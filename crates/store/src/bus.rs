@@ -116,3 +116,15 @@ impl Bus {
         })
     }
 }
+
+/// Every key of `bucket` (`what` it holds, for the error), as the server lists them.
+pub(crate) async fn keys(bucket: &kv::Store, what: &str) -> Result<Vec<String>, BusError> {
+    use futures::StreamExt;
+    let err = |e: &dyn std::fmt::Display| BusError::kv(format!("list {what}"), e.to_string());
+    let mut keys = bucket.keys().await.map_err(|e| err(&e))?;
+    let mut out = Vec::new();
+    while let Some(k) = keys.next().await {
+        out.push(k.map_err(|e| err(&e))?);
+    }
+    Ok(out)
+}

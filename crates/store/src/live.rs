@@ -4,7 +4,6 @@
 
 use async_nats::jetstream::kv::{CreateErrorKind, Operation};
 use bytes::Bytes;
-use futures::StreamExt;
 use std::time::{Duration, SystemTime};
 use turnpike_core::{ChatId, TurnId};
 use turnpike_jetstream::BusError;
@@ -44,16 +43,7 @@ pub async fn drop_key(bus: &Bus, key: &str) -> Result<(), BusError> {
 
 /// The keys of the live index as they stand now (malformed ones included: the caller decides).
 pub async fn keys(bus: &Bus) -> Result<Vec<String>, BusError> {
-    let mut keys = bus
-        .live
-        .keys()
-        .await
-        .map_err(|e| BusError::kv("list live turns", e))?;
-    let mut out = Vec::new();
-    while let Some(k) = keys.next().await {
-        out.push(k.map_err(|e| BusError::kv("list live turns", e))?);
-    }
-    Ok(out)
+    crate::bus::keys(&bus.live, "live turns").await
 }
 
 /// Is the turn in the live index (not ended, or ended with effects perhaps still owed)?

@@ -168,17 +168,11 @@ pub async fn live_ids(bus: &Bus) -> Result<Vec<TurnId>, BusError> {
 
 /// Ids of every turn whose record is still kept (ended ones included), sorted.
 pub async fn all_ids(bus: &Bus) -> Result<Vec<TurnId>, BusError> {
-    let mut keys = bus
-        .turns
-        .keys()
-        .await
-        .map_err(|e| BusError::kv("list turns", e))?;
-    let mut out = Vec::new();
-    while let Some(k) = keys.next().await {
-        if let Ok(id) = TurnId::new(k.map_err(|e| BusError::kv("list turns", e))?) {
-            out.push(id);
-        }
-    }
+    let mut out: Vec<TurnId> = crate::bus::keys(&bus.turns, "turns")
+        .await?
+        .into_iter()
+        .filter_map(|k| TurnId::new(k).ok())
+        .collect();
     out.sort();
     Ok(out)
 }

@@ -108,9 +108,9 @@ pub fn run() -> ! {
     };
     diag(format_args!(
         "turn {} attempt {} of {}",
-        input.turn, input.attempt, input.max_attempts
+        input.work.turn, input.work.attempt, input.work.max_attempts
     ));
-    let text = input.message.text.trim().to_owned();
+    let text = input.work.message.text.trim().to_owned();
     let show_prompt = text.split_whitespace().any(|w| w == "show-prompt");
     let with_attachments = text.split_whitespace().any(|w| w == "with-attachments");
     let attachment_summary = || {
@@ -195,10 +195,10 @@ pub fn run() -> ! {
             result_ok();
         }
         "hang-until" => {
-            if u64::from(input.attempt) < number("hang-until") {
+            if u64::from(input.work.attempt) < number("hang-until") {
                 hang();
             }
-            reply(&format!("answered on attempt {}", input.attempt));
+            reply(&format!("answered on attempt {}", input.work.attempt));
             result_ok();
         }
         "fail" => {
@@ -208,11 +208,11 @@ pub fn run() -> ! {
         }
         "silent" => {}
         "die-until" => {
-            if u64::from(input.attempt) < number("die-until") {
-                diag(format_args!("dying on attempt {}", input.attempt));
+            if u64::from(input.work.attempt) < number("die-until") {
+                diag(format_args!("dying on attempt {}", input.work.attempt));
                 std::process::exit(1);
             }
-            reply(&format!("answered on attempt {}", input.attempt));
+            reply(&format!("answered on attempt {}", input.work.attempt));
             result_ok();
         }
         "status" => {

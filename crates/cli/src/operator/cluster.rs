@@ -10,32 +10,21 @@ use turnpike_jetstream::{decode_kv, now};
 use turnpike_store::views;
 use turnpike_store::Bus;
 
-use super::{age, print_json, table};
+use super::{age, print_json, print_list};
 
 pub async fn runners_cmd(bus: &Bus, json: bool) -> Result<ExitCode> {
     let runners = views::runners(bus).await?;
-    if json {
-        print_json(&runners)?;
-    } else {
-        let rows: Vec<Vec<String>> = runners
-            .iter()
-            .map(|p| {
-                vec![
-                    p.runner.to_string(),
-                    p.host.clone(),
-                    p.backend.clone(),
-                    format!("{}/{}", p.slots_in_use, p.slots),
-                    p.version.clone(),
-                    age(p.at),
-                ]
-            })
-            .collect();
-        table(
-            &["RUNNER", "HOST", "BACKEND", "SLOTS", "VERSION", "HEARTBEAT"],
-            &rows,
-        );
-    }
-    Ok(ExitCode::SUCCESS)
+    let headers = ["RUNNER", "HOST", "BACKEND", "SLOTS", "VERSION", "HEARTBEAT"];
+    print_list(json, &runners, &headers, |p| {
+        Some(vec![
+            p.runner.to_string(),
+            p.host.clone(),
+            p.backend.clone(),
+            format!("{}/{}", p.slots_in_use, p.slots),
+            p.version.clone(),
+            age(p.at),
+        ])
+    })
 }
 
 #[derive(Debug, Serialize)]

@@ -26,26 +26,16 @@ pub struct WorkItem {
     pub history: Vec<HistoryEntry>,
 }
 
-/// The one JSON document an agent reads on stdin (then EOF).
+/// The one JSON document an agent reads on stdin (then EOF): its attempt's work item (its
+/// fields at the top of the document: `v`, `turn`, `chat`, `attempt`, `max_attempts`, `message`,
+/// `history`), with the prompt made for this attempt and where its attachments are.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct AgentInput {
-    /// Format version (`v`) of this payload; absent means 1 (docs/protocol.md).
-    #[serde(default = "v1")]
-    pub v: u16,
-    /// The turn.
-    pub turn: TurnId,
-    /// Its chat.
-    pub chat: ChatId,
-    /// This attempt, from 1.
-    pub attempt: u32,
-    /// The attempts the turn may get.
-    pub max_attempts: u32,
+    /// The attempt: which turn, chat and try this run is, the message and the history before it.
+    #[serde(flatten)]
+    pub work: WorkItem,
     /// What the agent is asked: the message text, behind the retry preamble from attempt 2 on.
     pub prompt: String,
-    /// The message, as the chat sent it.
-    pub message: InboundMessage,
-    /// The chat's history before this message.
-    pub history: Vec<HistoryEntry>,
     /// Paths of the attachment files as the agent sees them.
     pub attachments: Vec<String>,
 }
@@ -61,14 +51,8 @@ impl AgentInput {
     /// The input of `work`'s attempt, its attachments at `attachment_paths`.
     pub fn from_work(work: &WorkItem, attachment_paths: Vec<String>) -> Self {
         AgentInput {
-            v: FORMAT_VERSION,
-            turn: work.turn.clone(),
-            chat: work.chat.clone(),
-            attempt: work.attempt,
-            max_attempts: work.max_attempts,
+            work: work.clone(),
             prompt: work.prompt(),
-            message: work.message.clone(),
-            history: work.history.clone(),
             attachments: attachment_paths,
         }
     }

@@ -56,13 +56,18 @@ versioned!(
     FenceMarker,
     InboundMessage,
     WorkItem,
-    AgentInput,
     RunnerEvent,
     OutboundItem,
     ChatRecord,
     ClaimRecord,
     RunnerPresence,
 );
+
+impl Versioned for AgentInput {
+    fn version(&self) -> u16 {
+        self.work.v
+    }
+}
 
 #[cfg(test)]
 mod tests;

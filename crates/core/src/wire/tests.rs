@@ -408,3 +408,23 @@ fn counters_keep_their_turn_counts_at_the_top_of_the_object() {
         serde_json::from_str(r#"{"turns_done":2,"last_hour":{"turns_done":1}}"#).expect("decode");
     assert_eq!(old, s);
 }
+
+#[test]
+fn the_agents_input_is_one_flat_document() {
+    let input = AgentInput::from_work(&work(), vec!["/turnpike/attachments/a.txt".into()]);
+    let json: serde_json::Value = serde_json::to_value(&input).expect("encode");
+    for field in [
+        "v",
+        "turn",
+        "chat",
+        "attempt",
+        "max_attempts",
+        "prompt",
+        "message",
+        "history",
+        "attachments",
+    ] {
+        assert!(json.get(field).is_some(), "{field} missing: {json}");
+    }
+    assert!(json.get("work").is_none(), "{json}");
+}

@@ -18,9 +18,9 @@ use turnpike_core::lifecycle::{Effect, Event};
 use turnpike_core::record::TurnState;
 use turnpike_core::recovery;
 use turnpike_core::subjects;
-use turnpike_core::wire::{ExitReport, RunnerEvent, RunnerEventKind, WorkItem};
-use turnpike_core::{RunnerId, TurnId, TurnRecord};
-use turnpike_jetstream::{decode, now, BusError};
+use turnpike_core::wire::ExitReport;
+use turnpike_core::{TurnId, TurnRecord};
+use turnpike_jetstream::{now, BusError};
 use turnpike_store::fence::{self, Losing};
 use turnpike_store::leases::Lease;
 use turnpike_store::outbox;
@@ -114,16 +114,22 @@ pub async fn sweep_listed(
     listed: Vec<String>,
     absent: &mut JudgeAbsent<'_>,
 ) -> Result<SweepReport, BusError> {
-    let mut report = SweepReport {
-        live: listed.len(),
-        ..SweepReport::default()
+    let mut pass = Pass {
+        bus,
+        config,
+        counters,
+        absent,
+        report: SweepReport {
+            live: listed.len(),
+            ..SweepReport::default()
+        },
     };
     for key in listed {
         let Ok(turn) = TurnId::new(key.as_str()) else {
             let _ = turnpike_store::live::drop_key(bus, &key).await;
             continue;
         };
-        match sweep_turn(bus, config, counters, &turn, &mut report, absent).await {
+        match pass.turn(&turn).await {
             Ok(()) => {}
             // What the turn needs can never be stored or counted: it ends, failed.
             Err(e) if e.ends_the_turn() => {
@@ -136,254 +142,214 @@ pub async fn sweep_listed(
             }
         }
     }
-    Ok(report)
+    Ok(pass.report)
 }
 
-async fn sweep_turn(
-    bus: &Bus,
-    config: &Config,
-    counters: &Counters,
-    turn: &TurnId,
-    report: &mut SweepReport,
-    absent: &mut JudgeAbsent<'_>,
-) -> Result<(), ApplyError> {
-    let Some(current) = turns::load(bus, turn).await? else {
-        // The dispatcher indexes a turn just before creating it: only an old entry is stale.
-        if let Ok(Some(listed)) = turnpike_store::live::listed_at(bus, turn).await {
-            if age(listed) > config.lease {
-                let _ = turnpike_store::live::unlist(bus, turn).await;
-                report.cleaned += 1;
+/// One pass's context: what it reads and writes with, how it judges absent leases, and what it
+/// found so far.
+struct Pass<'p, 'j> {
+    bus: &'p Bus,
+    config: &'p Config,
+    counters: &'p Counters,
+    absent: &'p mut JudgeAbsent<'j>,
+    report: SweepReport,
+}
+
+impl Pass<'_, '_> {
+    /// Settle one live turn, as [`recovery::plan`] says.
+    async fn turn(&mut self, turn: &TurnId) -> Result<(), ApplyError> {
+        let (bus, config) = (self.bus, self.config);
+        let Some(current) = turns::load(bus, turn).await? else {
+            // The dispatcher indexes a turn just before creating it: only an old entry is stale.
+            if let Ok(Some(listed)) = turnpike_store::live::listed_at(bus, turn).await {
+                if age(listed) > config.lease {
+                    let _ = turnpike_store::live::unlist(bus, turn).await;
+                    self.report.cleaned += 1;
+                }
             }
+            return Ok(());
+        };
+        let record = &current.record;
+        let stale = now().since(record.updated_at) > config.heartbeat;
+        let (leftovers, plan) = recovery::plan(record, stale);
+        if !leftovers.is_empty() {
+            // Effects decided a while ago and still not confirmed (a kill to forward, say): the
+            // writer failed after its CAS. They are idempotent; carry them out now rather than wait
+            // for the turn's next event.
+            let mut owed = current.clone();
+            owed.record.outbox = leftovers;
+            outbox::run_outbox(bus, owed).await?;
         }
-        return Ok(());
-    };
-    let record = &current.record;
-    let stale = now().since(record.updated_at) > config.heartbeat;
-    let (leftovers, plan) = recovery::plan(record, stale);
-    if !leftovers.is_empty() {
-        // Effects decided a while ago and still not confirmed (a kill to forward, say): the
-        // writer failed after its CAS. They are idempotent; carry them out now rather than wait
-        // for the turn's next event.
-        let mut owed = current.clone();
-        owed.record.outbox = leftovers;
-        outbox::run_outbox(bus, owed).await?;
+        match plan {
+            recovery::Plan::Finish => {
+                // Ended, but its effects did not all happen: carried out, it leaves this index.
+                // Only if it is still listed *now*: the pass's listing may be older than the
+                // duplicate window, and a turn whose effects were carried out meanwhile (and that
+                // left the index) must not send its notice again.
+                if !turnpike_store::live::is_listed(bus, turn).await? {
+                    return Ok(());
+                }
+                outbox::run_outbox(bus, current.clone()).await?;
+                self.report.cleaned += 1;
+            }
+            recovery::Plan::CheckAttempt { .. } => self.check_attempt_alive(record).await?,
+            recovery::Plan::CheckDispatched { .. } => self.check_dispatched(record).await?,
+            recovery::Plan::Nothing => {}
+        }
+        Ok(())
     }
-    match plan {
-        recovery::Plan::Finish => {
-            // Ended, but its effects did not all happen: carried out, it leaves this index.
-            // Only if it is still listed *now*: the pass's listing may be older than the
-            // duplicate window, and a turn whose effects were carried out meanwhile (and that
-            // left the index) must not send its notice again.
-            if !turnpike_store::live::is_listed(bus, turn).await? {
+
+    /// Is the running (or claimed) current attempt alive? If its lease lapsed, or never came for
+    /// a whole lease, it is declared lost: its fence moved, then its death applied.
+    async fn check_attempt_alive(&mut self, record: &TurnRecord) -> Result<(), ApplyError> {
+        let (bus, config, counters) = (self.bus, self.config, self.counters);
+        let turn = &record.turn;
+        let k = record.attempt;
+        let claimed = turnpike_store::claims::claim(bus, turn, k).await?;
+        let claim = claimed.claim;
+        if claim != recovery::Claim::Runner {
+            return Ok(());
+        }
+        // Only the claimant writes its lease (the key names it, and only its NATS user may write
+        // there): a marker means the server let it lapse (its TTL) or it was taken away; no trace
+        // at all is judged by how long this sweeper has found none. No host's clock is compared
+        // with another's. A claim that does not decode names no runner whose lease could be found.
+        let key = subjects::claim_key(turn, k);
+        let lease = match &claimed.runner {
+            Some(runner) => turnpike_store::leases::state(bus, turn, k, runner).await?,
+            None => Lease::Absent,
+        };
+        let (lease, lapsed_at) = match lease {
+            Lease::Live => (recovery::Lease::Live, None),
+            Lease::Lapsed(at) => (recovery::Lease::Lapsed, Some(at)),
+            // No trace of a lease: dated below, by the fence marker that declares it lost.
+            Lease::Absent => ((self.absent)(&key), None),
+        };
+        let reported = lease == recovery::Lease::Lapsed
+            && match &claimed.runner {
+                Some(runner) => turnpike_store::work::exit_reported(bus, turn, k, runner).await,
+                None => false,
+            };
+        match recovery::judge_attempt(claim, lease, reported) {
+            recovery::Attempt::Fine => return Ok(()),
+            recovery::Attempt::ExitOnItsWay => {
+                debug!(turn_id = %turn, attempt = k, "lease lapsed after the exit was reported; the event settles it");
                 return Ok(());
             }
-            outbox::run_outbox(bus, current.clone()).await?;
-            report.cleaned += 1;
+            recovery::Attempt::Lost => {}
         }
-        recovery::Plan::CheckAttempt { .. } => {
-            check_attempt_alive(bus, config, counters, record, report, absent).await?;
+        // Leave a marker on the lease key first: a runner that could still write its first lease
+        // (it should have stopped its run by its deadline) finds it and stops; one whose lease
+        // came back meanwhile loses it at its next renewal. Expires by itself long after any
+        // runner's deadline. Defence in depth, not what makes the loss safe (the fence does), so a
+        // marker that cannot be written never keeps the attempt from being settled.
+        if let Some(runner) = &claimed.runner {
+            let marked = turnpike_store::leases::mark_lost(
+                bus,
+                turn,
+                k,
+                runner,
+                LOST_MARKER_TTL.max(config.lease * 4),
+            )
+            .await;
+            if let Err(e) = marked {
+                warn!(turn_id = %turn, attempt = k, error = %e, "could not mark the lost attempt's lease; settling it anyway");
+            }
         }
-        recovery::Plan::CheckDispatched { .. } => {
-            check_dispatched(bus, config, counters, record, report, absent).await?;
+        // Move the fence first, and only if attempt k could still hold it: from here on nothing of
+        // the lost attempt can land, so the count below is final. A record read before a later
+        // attempt took the fence is stale, and changes nothing.
+        let (runner_seq, fenced_at) = match fence::lose(bus, turn, k, &FenceWriter::Service).await?
+        {
+            Losing::Fenced { runner_seq, at } => (runner_seq, at),
+            Losing::Stale { current } => {
+                debug!(turn_id = %turn, attempt = k, current, "the fence belongs to a later attempt; this record was stale");
+                return Ok(());
+            }
+        };
+        info!(turn_id = %turn, attempt = k, chat_id = %record.chat, "runner lease lapsed: declared the attempt lost");
+        // Dated by the server, never by this host's clock: when its lease lapsed, or else when
+        // its fence was moved. The retry's due time follows from it, and a coordinator whose clock
+        // runs an hour fast must not hold the chat for an hour.
+        let lapsed_at = lapsed_at.unwrap_or(fenced_at);
+        let replies = fence::landed(bus, &record.chat, turn, k, runner_seq).await?;
+        let event = Event::Exited {
+            attempt: k,
+            report: ExitReport::runner_lost(
+                format!(
+                    "runner lease lapsed (no heartbeat for over {})",
+                    humantime::format_duration(config.lease)
+                ),
+                replies,
+                lapsed_at,
+            ),
+        };
+        // The death is dated when the server let the lease lapse.
+        let applied = turns::apply_event_at(bus, turn, &event, lapsed_at).await?;
+        if let turns::Applied::Changed { effects, .. } = &applied {
+            counters.runner_lost();
+            counters.effects(effects);
         }
-        recovery::Plan::Nothing => {}
+        outbox::run_owed(bus, applied).await?;
+        self.report.runner_lost += 1;
+        Ok(())
     }
-    Ok(())
+
+    /// An attempt owed (queued, or a pending retry): claimed, it is judged as a current attempt;
+    /// scheduled or waiting in the queue, it is on its way; nowhere, it is dispatched again (its
+    /// dispatcher died between its write and its publish, or a purge lost it).
+    async fn check_dispatched(&mut self, record: &TurnRecord) -> Result<(), ApplyError> {
+        let (bus, counters) = (self.bus, self.counters);
+        let turn = &record.turn;
+        let k = record.attempt;
+        // Claimed: a runner has it, and it may have died before reporting it started. Its lease
+        // tells, as for a running attempt.
+        let claimed =
+            turnpike_store::claims::claim(bus, turn, k).await?.claim != recovery::Claim::None;
+        let way = if claimed {
+            turnpike_store::work::OnItsWay {
+                scheduled: false,
+                queued: false,
+            }
+        } else {
+            turnpike_store::work::on_its_way(bus, turn, k, record.next_attempt_due.is_some())
+                .await?
+        };
+        let (scheduled, queued) = (way.scheduled, way.queued);
+        match recovery::judge_retry(claimed, scheduled, queued) {
+            recovery::Retry::CheckAttempt => return self.check_attempt_alive(record).await,
+            recovery::Retry::OnItsWay => {
+                let waited = now().since(record.updated_at);
+                if queued && record.state == TurnState::Queued && waited > QUEUED_LONG {
+                    warn!(turn_id = %turn, attempt = k, waited = ?waited, "attempt queued far longer than expected: are runners up?");
+                    self.report.queued_long += 1;
+                    counters.queued_long();
+                }
+                return Ok(());
+            }
+            recovery::Retry::Reschedule => {}
+        }
+        // Owed and nowhere. Attempt 1 goes under its dedup id (a publish that raced this read is
+        // not doubled); a retry for its recorded due time.
+        warn!(turn_id = %turn, attempt = k, due = ?record.next_attempt_due, "owed attempt was not dispatched; dispatching it");
+        outbox::execute(
+            bus,
+            record,
+            &Effect::DispatchAttempt {
+                attempt: k,
+                not_before: record.next_attempt_due,
+            },
+        )
+        .await?;
+        self.report.rescheduled += 1;
+        Ok(())
+    }
 }
 
 fn age(created: impl Into<SystemTime>) -> Duration {
     SystemTime::now()
         .duration_since(created.into())
         .unwrap_or_default()
-}
-
-async fn check_attempt_alive(
-    bus: &Bus,
-    config: &Config,
-    counters: &Counters,
-    record: &TurnRecord,
-    report: &mut SweepReport,
-    absent: &mut JudgeAbsent<'_>,
-) -> Result<(), ApplyError> {
-    let turn = &record.turn;
-    let k = record.attempt;
-    let claimed = turnpike_store::claims::claim(bus, turn, k).await?;
-    let claim = claimed.claim;
-    if claim != recovery::Claim::Runner {
-        return Ok(());
-    }
-    // Only the claimant writes its lease (the key names it, and only its NATS user may write
-    // there): a marker means the server let it lapse (its TTL) or it was taken away; no trace
-    // at all is judged by how long this sweeper has found none. No host's clock is compared
-    // with another's. A claim that does not decode names no runner whose lease could be found.
-    let key = subjects::claim_key(turn, k);
-    let lease = match &claimed.runner {
-        Some(runner) => turnpike_store::leases::state(bus, turn, k, runner).await?,
-        None => Lease::Absent,
-    };
-    let (lease, lapsed_at) = match lease {
-        Lease::Live => (recovery::Lease::Live, None),
-        Lease::Lapsed(at) => (recovery::Lease::Lapsed, Some(at)),
-        // No trace of a lease: dated below, by the fence marker that declares it lost.
-        Lease::Absent => (absent(&key), None),
-    };
-    let reported = lease == recovery::Lease::Lapsed
-        && match &claimed.runner {
-            Some(runner) => exit_reported(bus, turn, k, runner).await,
-            None => false,
-        };
-    match recovery::judge_attempt(claim, lease, reported) {
-        recovery::Attempt::Fine => return Ok(()),
-        recovery::Attempt::ExitOnItsWay => {
-            debug!(turn_id = %turn, attempt = k, "lease lapsed after the exit was reported; the event settles it");
-            return Ok(());
-        }
-        recovery::Attempt::Lost => {}
-    }
-    // Leave a marker on the lease key first: a runner that could still write its first lease
-    // (it should have stopped its run by its deadline) finds it and stops; one whose lease
-    // came back meanwhile loses it at its next renewal. Expires by itself long after any
-    // runner's deadline. Defence in depth, not what makes the loss safe (the fence does), so a
-    // marker that cannot be written never keeps the attempt from being settled.
-    if let Some(runner) = &claimed.runner {
-        let marked = turnpike_store::leases::mark_lost(
-            bus,
-            turn,
-            k,
-            runner,
-            LOST_MARKER_TTL.max(config.lease * 4),
-        )
-        .await;
-        if let Err(e) = marked {
-            warn!(turn_id = %turn, attempt = k, error = %e, "could not mark the lost attempt's lease; settling it anyway");
-        }
-    }
-    // Move the fence first, and only if attempt k could still hold it: from here on nothing of
-    // the lost attempt can land, so the count below is final. A record read before a later
-    // attempt took the fence is stale, and changes nothing.
-    let (runner_seq, fenced_at) = match fence::lose(bus, turn, k, &FenceWriter::Service).await? {
-        Losing::Fenced { runner_seq, at } => (runner_seq, at),
-        Losing::Stale { current } => {
-            debug!(turn_id = %turn, attempt = k, current, "the fence belongs to a later attempt; this record was stale");
-            return Ok(());
-        }
-    };
-    info!(turn_id = %turn, attempt = k, chat_id = %record.chat, "runner lease lapsed: declared the attempt lost");
-    // Dated by the server, never by this host's clock: when its lease lapsed, or else when
-    // its fence was moved. The retry's due time follows from it, and a coordinator whose clock
-    // runs an hour fast must not hold the chat for an hour.
-    let lapsed_at = lapsed_at.unwrap_or(fenced_at);
-    let replies = fence::landed(bus, &record.chat, turn, k, runner_seq).await?;
-    let event = Event::Exited {
-        attempt: k,
-        report: ExitReport::runner_lost(
-            format!(
-                "runner lease lapsed (no heartbeat for over {})",
-                humantime::format_duration(config.lease)
-            ),
-            replies,
-            lapsed_at,
-        ),
-    };
-    // The death is dated when the server let the lease lapse.
-    let applied = turns::apply_event_at(bus, turn, &event, lapsed_at).await?;
-    if let turns::Applied::Changed { effects, .. } = &applied {
-        counters.runner_lost();
-        counters.effects(effects);
-    }
-    outbox::run_owed(bus, applied).await?;
-    report.runner_lost += 1;
-    Ok(())
-}
-
-/// Is the attempt's exit, as its claimant reported it, already in the events stream (waiting
-/// to be applied)?
-async fn exit_reported(bus: &Bus, turn: &TurnId, attempt: u32, runner: &RunnerId) -> bool {
-    let Ok(stream) = bus.js.get_stream(subjects::STREAM_EVENTS).await else {
-        return false;
-    };
-    let Ok(last) = stream
-        .get_last_raw_message_by_subject(&subjects::events(turn, runner))
-        .await
-    else {
-        return false;
-    };
-    matches!(
-        decode::<RunnerEvent>(Some(&last.headers), &last.payload),
-        Ok(RunnerEvent { attempt: a, kind: RunnerEventKind::Exited { .. }, .. }) if a == attempt
-    )
-}
-
-/// An attempt owed (queued, or a pending retry): claimed, it is judged as a current attempt;
-/// scheduled or waiting in the queue, it is on its way; nowhere, it is dispatched again (its
-/// dispatcher died between its write and its publish, or a purge lost it).
-async fn check_dispatched(
-    bus: &Bus,
-    config: &Config,
-    counters: &Counters,
-    record: &TurnRecord,
-    report: &mut SweepReport,
-    absent: &mut JudgeAbsent<'_>,
-) -> Result<(), ApplyError> {
-    let turn = &record.turn;
-    let k = record.attempt;
-    // Claimed: a runner has it, and it may have died before reporting it started. Its lease
-    // tells, as for a running attempt.
-    let claimed = turnpike_store::claims::claim(bus, turn, k).await?.claim != recovery::Claim::None;
-    let (mut scheduled, mut queued) = (false, false);
-    if !claimed {
-        let stream = bus
-            .js
-            .get_stream(subjects::STREAM_WORK)
-            .await
-            .map_err(|e| BusError::kv("open work stream", e))?;
-        // Only a retry is scheduled; attempt 1 is published at once.
-        if record.next_attempt_due.is_some() {
-            scheduled = stream
-                .get_last_raw_message_by_subject(&subjects::work_schedule(turn, k))
-                .await
-                .is_ok();
-        }
-        // Published (or fired), waiting in the queue.
-        if !scheduled {
-            if let Ok(m) = stream
-                .get_last_raw_message_by_subject(&subjects::work_run(turn))
-                .await
-            {
-                queued =
-                    decode::<WorkItem>(Some(&m.headers), &m.payload).is_ok_and(|w| w.attempt == k);
-            }
-        }
-    }
-    match recovery::judge_retry(claimed, scheduled, queued) {
-        recovery::Retry::CheckAttempt => {
-            return check_attempt_alive(bus, config, counters, record, report, absent).await
-        }
-        recovery::Retry::OnItsWay => {
-            let waited = now().since(record.updated_at);
-            if queued && record.state == TurnState::Queued && waited > QUEUED_LONG {
-                warn!(turn_id = %turn, attempt = k, waited = ?waited, "attempt queued far longer than expected: are runners up?");
-                report.queued_long += 1;
-                counters.queued_long();
-            }
-            return Ok(());
-        }
-        recovery::Retry::Reschedule => {}
-    }
-    // Owed and nowhere. Attempt 1 goes under its dedup id (a publish that raced this read is
-    // not doubled); a retry for its recorded due time.
-    warn!(turn_id = %turn, attempt = k, due = ?record.next_attempt_due, "owed attempt was not dispatched; dispatching it");
-    outbox::execute(
-        bus,
-        record,
-        &Effect::DispatchAttempt {
-            attempt: k,
-            not_before: record.next_attempt_due,
-        },
-    )
-    .await?;
-    report.rescheduled += 1;
-    Ok(())
 }
 
 /// Sweep now, then every `interval`, until cancelled.

@@ -30,5 +30,6 @@ pub mod runners;
 pub mod sessions;
 pub mod turns;
 pub mod views;
+pub mod work;
 
 pub use bus::Bus;

@@ -10,18 +10,32 @@ pub const MESSAGE_MAX_BYTES_MIN: u64 = 1024;
 /// The shortest duplicate window: what once-only notices need (see `dedup_window`).
 pub const DEDUP_WINDOW_MIN: Duration = Duration::from_secs(60);
 
+/// A refusal of `key`'s `value`, saying why.
+fn invalid(key: &'static str, value: String, why: &str) -> ConfigError {
+    ConfigError::Invalid {
+        key,
+        value,
+        why: why.to_owned(),
+    }
+}
+
 impl Config {
     /// Check relations between values that types alone cannot.
     pub fn validate(self) -> Result<Config, ConfigError> {
-        let invalid = |key, value: String, why: &str| ConfigError::Invalid {
-            key,
-            value,
-            why: why.to_owned(),
-        };
+        self.check_connection()?;
+        self.check_sizes()?;
+        self.check_agents()?;
+        self.check_times()?;
+        self.check_identity()?;
+        Ok(self)
+    }
+
+    /// The servers and how to log in to them.
+    fn check_connection(&self) -> Result<(), ConfigError> {
         if self.nats_url.split(',').all(|s| s.trim().is_empty()) {
             return Err(invalid(
                 "nats_url",
-                self.nats_url,
+                self.nats_url.clone(),
                 "name at least one server",
             ));
         }
@@ -48,6 +62,11 @@ impl Config {
                 ));
             }
         }
+        Ok(())
+    }
+
+    /// Limits, and that every payload Turnpike builds fits `max_payload` with them.
+    fn check_sizes(&self) -> Result<(), ConfigError> {
         if self.max_turn_retry > MAX_TURN_RETRY_MAX {
             return Err(invalid(
                 "max_turn_retry",
@@ -131,6 +150,11 @@ impl Config {
                 "at most 256 attachments per message",
             ));
         }
+        Ok(())
+    }
+
+    /// What agent containers may do, and how many a runner runs.
+    fn check_agents(&self) -> Result<(), ConfigError> {
         // Agent containers run someone's code: never as root, never on the host's network or
         // in another container's namespaces, never without a process limit.
         if let Err(why) = agent_user(&self.agent_user) {
@@ -159,6 +183,11 @@ impl Config {
                 "a runner needs at least one slot",
             ));
         }
+        Ok(())
+    }
+
+    /// Replicas, heartbeats, time limits and how long things are kept.
+    fn check_times(&self) -> Result<(), ConfigError> {
         if !(1..=5).contains(&self.replicas) {
             return Err(invalid(
                 "replicas",
@@ -230,13 +259,18 @@ impl Config {
                 ),
             ));
         }
+        Ok(())
+    }
+
+    /// This process's own names.
+    fn check_identity(&self) -> Result<(), ConfigError> {
         // The same rule as every runner id on the wire (core's), length included.
         if let Some(id) = &self.runner_id {
             if let Err(e) = turnpike_core::RunnerId::new(id.as_str()) {
                 return Err(invalid("runner_id", id.clone(), &e.to_string()));
             }
         }
-        Ok(self)
+        Ok(())
     }
 }
 

@@ -55,51 +55,8 @@ pub async fn run(mut config: Config, demo: bool) -> Result<ExitCode> {
     } else {
         crate::roles::shutdown_on_signal()
     };
-    let mut roles = tokio::task::JoinSet::new();
-    // The dashboard, except in the demo (which exits when its script ends). Bound before the
-    // roles start, so it answers by the time the pipeline does.
-    let mut dashboard_login = None;
-    // Every role's metrics, on one `metrics_listen` for the whole process.
-    let mut metrics: Vec<Box<dyn Fn() -> Result<String, std::fmt::Error> + Send + Sync>> =
-        Vec::new();
-    if !demo {
-        let (access, login) = dashboard_access(&config)?;
-        dashboard_login = login;
-        let listener = turnpike_dashboard::Dashboard::bind(&config.dashboard_listen).await?;
-        let dashboard = turnpike_dashboard::Dashboard::new(bus.clone(), config.clone(), access)?;
-        metrics.push(Box::new(dashboard.metrics()));
-        let token = shutdown.clone();
-        roles.spawn(async move {
-            dashboard
-                .serve(listener, token)
-                .await
-                .map_err(anyhow::Error::from)
-        });
-    }
-
-    {
-        let dispatcher = turnpike_dispatcher::Dispatcher::new(bus.clone(), config.clone());
-        let counters = dispatcher.counters();
-        metrics.push(Box::new(move || counters.render()));
-        let token = shutdown.clone();
-        roles.spawn(async move { dispatcher.run(token).await.map_err(anyhow::Error::from) });
-    }
-    {
-        let coordinator = turnpike_coordinator::Coordinator::new(bus.clone(), &config);
-        let counters = coordinator.counters();
-        metrics.push(Box::new(move || {
-            turnpike_coordinator::metrics::render(&counters)
-        }));
-        let token = shutdown.clone();
-        roles.spawn(async move { coordinator.run(token).await.map_err(anyhow::Error::from) });
-    }
-    {
-        let runner = turnpike_runner::Runner::new(bus.clone(), config.clone()).await?;
-        let runner_metrics = runner.metrics();
-        metrics.push(Box::new(move || runner_metrics.render()));
-        let token = shutdown.clone();
-        roles.spawn(async move { runner.run(token).await.map_err(anyhow::Error::from) });
-    }
+    let (mut roles, metrics, dashboard_login) =
+        start_roles(&bus, &config, !demo, &shutdown).await?;
     crate::roles::serve_metrics(&config, metrics, &shutdown).await?;
 
     let code = if demo {
@@ -111,23 +68,7 @@ pub async fn run(mut config: Config, demo: bool) -> Result<ExitCode> {
             ExitCode::FAILURE
         }
     } else {
-        println!(
-            "Turnpike is up: NATS at {} (store {}).",
-            nats.url(),
-            store.display()
-        );
-        println!(
-            "Try: TURNPIKE_NATS_URL={} turnpike send --chat demo 'reply:hello'",
-            nats.url()
-        );
-        match &dashboard_login {
-            Some(password) => println!(
-                "Dashboard: http://{} (operator `operator`, password {password}; valid until this process ends)",
-                config.dashboard_listen
-            ),
-            None => println!("Dashboard: http://{}", config.dashboard_listen),
-        }
-        println!("Ctrl-C stops it.");
+        welcome(&nats.url(), &store, &config, dashboard_login.as_deref());
         tokio::select! {
             _ = shutdown.cancelled() => {}
             r = roles.join_next() => {
@@ -150,6 +91,79 @@ pub async fn run(mut config: Config, demo: bool) -> Result<ExitCode> {
     }
     drop(nats);
     Ok(code)
+}
+
+/// Every role's metrics, rendered when scraped.
+type Metrics = Vec<Box<dyn Fn() -> Result<String, std::fmt::Error> + Send + Sync>>;
+
+/// Start the dispatcher, the coordinator and the runner (and, `with_dashboard`, the dashboard,
+/// bound before the roles start so it answers by the time the pipeline does). Returns the roles'
+/// tasks, their metrics, and the dashboard's one-time password if one was made.
+async fn start_roles(
+    bus: &Bus,
+    config: &Config,
+    with_dashboard: bool,
+    shutdown: &CancellationToken,
+) -> Result<(tokio::task::JoinSet<Result<()>>, Metrics, Option<String>)> {
+    let mut roles = tokio::task::JoinSet::new();
+    // The dashboard, except in the demo (which exits when its script ends). Bound before the
+    // roles start, so it answers by the time the pipeline does.
+    let mut dashboard_login = None;
+    // Every role's metrics, on one `metrics_listen` for the whole process.
+    let mut metrics: Metrics = Vec::new();
+    if with_dashboard {
+        let (access, login) = dashboard_access(config)?;
+        dashboard_login = login;
+        let listener = turnpike_dashboard::Dashboard::bind(&config.dashboard_listen).await?;
+        let dashboard = turnpike_dashboard::Dashboard::new(bus.clone(), config.clone(), access)?;
+        metrics.push(Box::new(dashboard.metrics()));
+        let token = shutdown.clone();
+        roles.spawn(async move {
+            dashboard
+                .serve(listener, token)
+                .await
+                .map_err(anyhow::Error::from)
+        });
+    }
+
+    {
+        let dispatcher = turnpike_dispatcher::Dispatcher::new(bus.clone(), config.clone());
+        let counters = dispatcher.counters();
+        metrics.push(Box::new(move || counters.render()));
+        let token = shutdown.clone();
+        roles.spawn(async move { dispatcher.run(token).await.map_err(anyhow::Error::from) });
+    }
+    {
+        let coordinator = turnpike_coordinator::Coordinator::new(bus.clone(), config);
+        let counters = coordinator.counters();
+        metrics.push(Box::new(move || {
+            turnpike_coordinator::metrics::render(&counters)
+        }));
+        let token = shutdown.clone();
+        roles.spawn(async move { coordinator.run(token).await.map_err(anyhow::Error::from) });
+    }
+    {
+        let runner = turnpike_runner::Runner::new(bus.clone(), config.clone()).await?;
+        let runner_metrics = runner.metrics();
+        metrics.push(Box::new(move || runner_metrics.render()));
+        let token = shutdown.clone();
+        roles.spawn(async move { runner.run(token).await.map_err(anyhow::Error::from) });
+    }
+    Ok((roles, metrics, dashboard_login))
+}
+
+/// What `turnpike up` says once the pipeline is up: where NATS is, how to try it, the dashboard.
+fn welcome(url: &str, store: &std::path::Path, config: &Config, dashboard_login: Option<&str>) {
+    println!("Turnpike is up: NATS at {url} (store {}).", store.display());
+    println!("Try: TURNPIKE_NATS_URL={url} turnpike send --chat demo 'reply:hello'");
+    match dashboard_login {
+        Some(password) => println!(
+            "Dashboard: http://{} (operator `operator`, password {password}; valid until this process ends)",
+            config.dashboard_listen
+        ),
+        None => println!("Dashboard: http://{}", config.dashboard_listen),
+    }
+    println!("Ctrl-C stops it.");
 }
 
 /// A short scripted chat: a reply, a death then a retried success, a give-up.

@@ -111,10 +111,54 @@ pub fn run() -> ! {
         input.work.turn, input.work.attempt, input.work.max_attempts
     ));
     let text = input.work.message.text.trim().to_owned();
-    let show_prompt = text.split_whitespace().any(|w| w == "show-prompt");
-    let with_attachments = text.split_whitespace().any(|w| w == "with-attachments");
-    let attachment_summary = || {
-        input
+    let directive = text
+        .split_whitespace()
+        .find(|w| *w != "show-prompt" && *w != "with-attachments")
+        .unwrap_or("")
+        .to_owned();
+    let (name, arg) = match directive.split_once(':') {
+        Some((n, a)) => (n.to_owned(), Some(a.to_owned())),
+        None => (directive.clone(), None),
+    };
+    let script = Script {
+        show_prompt: text.split_whitespace().any(|w| w == "show-prompt"),
+        with_attachments: text.split_whitespace().any(|w| w == "with-attachments"),
+        arg: arg.as_deref(),
+        text: &text,
+        input: &input,
+    };
+    if script.show_prompt {
+        // Visible even on attempts that then die: status lines never count as a reply.
+        status(&format!("prompt: {}", input.prompt));
+    }
+    if script.with_attachments {
+        status(&format!("attachments: {}", script.attachment_summary()));
+    }
+    if !(script.lifecycle(&name) || script.abuse(&name) || script.told(&name)) {
+        // Anything else is echoed back.
+        script.reply(&text);
+        result_ok();
+    }
+    std::process::exit(0)
+}
+
+/// The message's directive and what it asks of the run.
+struct Script<'a> {
+    input: &'a AgentInput,
+    /// The message text, trimmed.
+    text: &'a str,
+    /// The directive's argument (`name:arg`).
+    arg: Option<&'a str>,
+    /// Replies carry the prompt (`show-prompt`).
+    show_prompt: bool,
+    /// Replies carry a summary of the attachments (`with-attachments`).
+    with_attachments: bool,
+}
+
+impl Script<'_> {
+    /// Each attachment's path, length and hash.
+    fn attachment_summary(&self) -> String {
+        self.input
             .attachments
             .iter()
             .map(|path| match std::fs::read(path) {
@@ -123,197 +167,206 @@ pub fn run() -> ! {
             })
             .collect::<Vec<_>>()
             .join("\n")
-    };
-    if show_prompt {
-        // Visible even on attempts that then die: status lines never count as a reply.
-        status(&format!("prompt: {}", input.prompt));
     }
-    if with_attachments {
-        status(&format!("attachments: {}", attachment_summary()));
-    }
-    let reply = |body: &str| {
+
+    /// A bot message, with the prompt and attachments if the message asked for them.
+    fn reply(&self, body: &str) {
         let mut body = body.to_owned();
-        if with_attachments {
-            body = format!("{body} | attachments: {}", attachment_summary());
+        if self.with_attachments {
+            body = format!("{body} | attachments: {}", self.attachment_summary());
         }
-        if show_prompt {
-            body = format!("{body} | prompt: {}", input.prompt);
+        if self.show_prompt {
+            body = format!("{body} | prompt: {}", self.input.prompt);
         }
         message(&body);
-    };
-    let directive = text
-        .split_whitespace()
-        .find(|w| *w != "show-prompt" && *w != "with-attachments")
-        .unwrap_or("");
-    let (name, arg) = match directive.split_once(':') {
-        Some((n, a)) => (n, Some(a)),
-        None => (directive, None),
-    };
-    let number = |what: &str| -> u64 {
-        arg.and_then(|a| a.parse().ok()).unwrap_or_else(|| {
+    }
+
+    /// The directive's argument as a number; exit 4 if it is not one.
+    fn number(&self, what: &str) -> u64 {
+        self.arg.and_then(|a| a.parse().ok()).unwrap_or_else(|| {
             diag(format_args!("{what} needs a number, e.g. {what}:3"));
             std::process::exit(4);
         })
-    };
-    match name {
-        "reply" => {
-            let rest = text
-                .split_once("reply:")
-                .map(|(_, r)| r.replace("show-prompt", ""))
-                .unwrap_or_default();
-            reply(rest.trim());
-            result_ok();
-        }
-        "crash-after-reply" => {
-            // `crash-after-reply:2`: wait 2 s first (a test arranges a fault meanwhile).
-            if let Some(secs) = arg.and_then(|a| a.parse::<f64>().ok()) {
-                std::thread::sleep(Duration::from_secs_f64(secs.max(0.0)));
+    }
+
+    /// How the run ends: replies, deaths, hangs, verdicts, silence. `false` if `name` is none of these.
+    fn lifecycle(&self, name: &str) -> bool {
+        match name {
+            "reply" => {
+                let rest = self
+                    .text
+                    .split_once("reply:")
+                    .map(|(_, r)| r.replace("show-prompt", ""))
+                    .unwrap_or_default();
+                self.reply(rest.trim());
+                result_ok();
             }
-            reply("partial answer before crashing");
-            std::process::exit(1);
-        }
-        "oom" => {
-            let mut hoard: Vec<Vec<u8>> = Vec::new();
-            let chunk = 16 << 20;
-            while hoard.len() * chunk < OOM_CAP_BYTES {
-                // Touch every page so the memory is really committed.
-                hoard.push(vec![0xA5; chunk]);
-            }
-            diag(format_args!(
-                "allocated 1 GiB without being killed: no memory limit?"
-            ));
-            std::process::exit(OOM_CAP_EXIT);
-        }
-        "hang" => hang(),
-        "sleep" => {
-            let secs: f64 = arg.and_then(|a| a.parse().ok()).unwrap_or_else(|| {
-                diag(format_args!("sleep needs seconds, e.g. sleep:2"));
-                std::process::exit(4);
-            });
-            std::thread::sleep(Duration::from_secs_f64(secs.max(0.0)));
-            reply(&format!("slept {secs}s"));
-            result_ok();
-        }
-        "hang-until" => {
-            if u64::from(input.work.attempt) < number("hang-until") {
-                hang();
-            }
-            reply(&format!("answered on attempt {}", input.work.attempt));
-            result_ok();
-        }
-        "fail" => {
-            emit(
-                json!({"type": "result", "status": "error", "error": "the test agent was told to fail"}),
-            );
-        }
-        "silent" => {}
-        "die-until" => {
-            if u64::from(input.work.attempt) < number("die-until") {
-                diag(format_args!("dying on attempt {}", input.work.attempt));
+            "crash-after-reply" => {
+                // `crash-after-reply:2`: wait 2 s first (a test arranges a fault meanwhile).
+                if let Some(secs) = self.arg.and_then(|a| a.parse::<f64>().ok()) {
+                    std::thread::sleep(Duration::from_secs_f64(secs.max(0.0)));
+                }
+                self.reply("partial answer before crashing");
                 std::process::exit(1);
             }
-            reply(&format!("answered on attempt {}", input.work.attempt));
-            result_ok();
-        }
-        "status" => {
-            let n = number("status");
-            for i in 1..=n {
-                status(&format!("working {i}/{n}"));
-                std::thread::sleep(Duration::from_millis(20));
+            "oom" => {
+                let mut hoard: Vec<Vec<u8>> = Vec::new();
+                let chunk = 16 << 20;
+                while hoard.len() * chunk < OOM_CAP_BYTES {
+                    // Touch every page so the memory is really committed.
+                    hoard.push(vec![0xA5; chunk]);
+                }
+                diag(format_args!(
+                    "allocated 1 GiB without being killed: no memory limit?"
+                ));
+                std::process::exit(OOM_CAP_EXIT);
             }
-            reply(&format!("done after {n} status updates"));
-            result_ok();
-        }
-        "garbage" => {
-            raw_line("this is not json");
-            raw_line("{\"type\": \"message\", \"text\": ");
-            raw_line("{\"type\":\"teleport\",\"text\":\"unknown type\"}");
-            raw_line(&format!(
-                "{{\"type\":\"message\",\"text\":\"{}\"}}",
-                "x".repeat(2 << 20)
-            ));
-            raw_line("");
-            reply("survived the garbage");
-            result_ok();
-        }
-        "attachments" => {
-            message(&attachment_summary());
-            result_ok();
-        }
-        "write-file" => {
-            let path = arg.unwrap_or("/");
-            match std::fs::write(path, b"x") {
-                Ok(()) => reply(&format!("wrote {path}")),
-                Err(e) => reply(&format!("refused {path}: {e}")),
+            "hang" => hang(),
+            "sleep" => {
+                let secs: f64 = self.arg.and_then(|a| a.parse().ok()).unwrap_or_else(|| {
+                    diag(format_args!("sleep needs seconds, e.g. sleep:2"));
+                    std::process::exit(4);
+                });
+                std::thread::sleep(Duration::from_secs_f64(secs.max(0.0)));
+                self.reply(&format!("slept {secs}s"));
+                result_ok();
             }
-            result_ok();
-        }
-        "error-and-die" => {
-            // `error-and-die:<n>`: reports an error of n control characters (six bytes each in
-            // JSON), then dies (exit 1): retried, and each attempt's error joins the record.
-            let n = number("error-and-die");
-            emit(json!({"type": "result", "status": "error", "error": "\u{1}".repeat(n as usize)}));
-            std::process::exit(1);
-        }
-        "fail-huge" => {
-            raw_line(&format!(
-                "{{\"type\":\"result\",\"status\":\"error\",\"error\":\"{}\"}}",
-                "e".repeat(2 << 20)
-            ));
-        }
-        "reply-then-exit" => {
-            // `reply-then-exit:2`: answer, then end cleanly 2 s later (a test cuts the runner
-            // off meanwhile, so its exit report is late).
-            reply("an answer, then a clean exit");
-            let secs: f64 = arg.and_then(|a| a.parse().ok()).unwrap_or(0.0);
-            std::thread::sleep(Duration::from_secs_f64(secs.max(0.0)));
-            result_ok();
-        }
-        "die-when-file" => {
-            // `die-when-file:/tmp/x`: exit 1 (a death, no reply) once the file exists: a test
-            // changes the world while the attempt runs, then lets it end.
-            let Some(path) = arg else {
-                diag(format_args!("die-when-file needs a path"));
-                std::process::exit(4);
-            };
-            while !std::path::Path::new(path).exists() {
-                std::thread::sleep(Duration::from_millis(20));
+            "hang-until" => {
+                if u64::from(self.input.work.attempt) < self.number("hang-until") {
+                    hang();
+                }
+                self.reply(&format!("answered on attempt {}", self.input.work.attempt));
+                result_ok();
             }
-            std::process::exit(1);
-        }
-        "reply-when-file" => {
-            // `reply-when-file:/tmp/x`: answer once the file exists, then hang; lets a test
-            // watch a running turn before and after its reply lands, with no timing involved.
-            let Some(path) = arg else {
-                diag(format_args!("reply-when-file needs a path"));
-                std::process::exit(4);
-            };
-            while !std::path::Path::new(path).exists() {
-                std::thread::sleep(Duration::from_millis(20));
+            "fail" => {
+                emit(
+                    json!({"type": "result", "status": "error", "error": "the test agent was told to fail"}),
+                );
             }
-            reply("an answer, once told");
-            hang();
-        }
-        "reply-then-hang" => {
-            reply("an answer, then silence");
-            hang();
-        }
-        "big-reply" => {
-            let n = number("big-reply") as usize;
-            reply(&"b".repeat(n));
-            result_ok();
-        }
-        "flood" => {
-            let n = number("flood");
-            for i in 1..=n {
-                message(&format!("flood {i}/{n}"));
+            "silent" => {}
+            "die-until" => {
+                if u64::from(self.input.work.attempt) < self.number("die-until") {
+                    diag(format_args!("dying on attempt {}", self.input.work.attempt));
+                    std::process::exit(1);
+                }
+                self.reply(&format!("answered on attempt {}", self.input.work.attempt));
+                result_ok();
             }
-            result_ok();
+            "status" => {
+                let n = self.number("status");
+                for i in 1..=n {
+                    status(&format!("working {i}/{n}"));
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                self.reply(&format!("done after {n} status updates"));
+                result_ok();
+            }
+            "reply-then-exit" => {
+                // `reply-then-exit:2`: answer, then end cleanly 2 s later (a test cuts the runner
+                // off meanwhile, so its exit report is late).
+                self.reply("an answer, then a clean exit");
+                let secs: f64 = self.arg.and_then(|a| a.parse().ok()).unwrap_or(0.0);
+                std::thread::sleep(Duration::from_secs_f64(secs.max(0.0)));
+                result_ok();
+            }
+            "reply-then-hang" => {
+                self.reply("an answer, then silence");
+                hang();
+            }
+            _ => return false,
         }
-        _ => {
-            reply(&text);
-            result_ok();
+        true
+    }
+
+    /// What a careless or hostile agent writes: garbage, floods, huge lines, files it may not write. `false` if `name` is none of these.
+    fn abuse(&self, name: &str) -> bool {
+        match name {
+            "garbage" => {
+                raw_line("this is not json");
+                raw_line("{\"type\": \"message\", \"text\": ");
+                raw_line("{\"type\":\"teleport\",\"text\":\"unknown type\"}");
+                raw_line(&format!(
+                    "{{\"type\":\"message\",\"text\":\"{}\"}}",
+                    "x".repeat(2 << 20)
+                ));
+                raw_line("");
+                self.reply("survived the garbage");
+                result_ok();
+            }
+            "attachments" => {
+                message(&self.attachment_summary());
+                result_ok();
+            }
+            "error-and-die" => {
+                // `error-and-die:<n>`: reports an error of n control characters (six bytes each in
+                // JSON), then dies (exit 1): retried, and each attempt's error joins the record.
+                let n = self.number("error-and-die");
+                emit(
+                    json!({"type": "result", "status": "error", "error": "\u{1}".repeat(n as usize)}),
+                );
+                std::process::exit(1);
+            }
+            "fail-huge" => {
+                raw_line(&format!(
+                    "{{\"type\":\"result\",\"status\":\"error\",\"error\":\"{}\"}}",
+                    "e".repeat(2 << 20)
+                ));
+            }
+            "big-reply" => {
+                let n = self.number("big-reply") as usize;
+                self.reply(&"b".repeat(n));
+                result_ok();
+            }
+            "flood" => {
+                let n = self.number("flood");
+                for i in 1..=n {
+                    message(&format!("flood {i}/{n}"));
+                }
+                result_ok();
+            }
+            "write-file" => {
+                let path = self.arg.unwrap_or("/");
+                match std::fs::write(path, b"x") {
+                    Ok(()) => self.reply(&format!("wrote {path}")),
+                    Err(e) => self.reply(&format!("refused {path}: {e}")),
+                }
+                result_ok();
+            }
+            _ => return false,
+        }
+        true
+    }
+
+    /// Runs that wait for a test to change the world (a file appearing). `false` if `name` is none of these.
+    fn told(&self, name: &str) -> bool {
+        match name {
+            "die-when-file" => {
+                // `die-when-file:/tmp/x`: exit 1 (a death, no reply) once the file exists: a test
+                // changes the world while the attempt runs, then lets it end.
+                let Some(path) = self.arg else {
+                    diag(format_args!("die-when-file needs a path"));
+                    std::process::exit(4);
+                };
+                while !std::path::Path::new(path).exists() {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                std::process::exit(1);
+            }
+            "reply-when-file" => {
+                // `reply-when-file:/tmp/x`: answer once the file exists, then hang; lets a test
+                // watch a running turn before and after its reply lands, with no timing involved.
+                let Some(path) = self.arg else {
+                    diag(format_args!("reply-when-file needs a path"));
+                    std::process::exit(4);
+                };
+                while !std::path::Path::new(path).exists() {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                self.reply("an answer, once told");
+                hang();
+            }
+            // Both wait, then end the run: neither returns.
+            _ => false,
         }
     }
-    std::process::exit(0)
 }

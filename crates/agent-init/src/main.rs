@@ -48,9 +48,16 @@ fn main() {
         eprintln!("usage: turnpike-agent-init <deadline-ms> <program> [args...]");
         std::process::exit(EXIT_CANNOT_RUN);
     };
-    let mut deadline = Instant::now() + Duration::from_millis(first);
+    let deadline = Instant::now() + Duration::from_millis(first);
+    let rx = listen();
+    let (document, deadline) = wait_for_the_runner(&rx, deadline);
+    let agent = start_agent(program, &args[2..], document);
+    watch(&rx, agent, deadline)
+}
 
-    // Handlers before the agent exists, so no SIGCHLD or SIGTERM is missed.
+/// Handle signals and read the runner's words, each on a thread of its own, into one channel.
+/// Set up before the agent exists, so no SIGCHLD or SIGTERM is missed.
+fn listen() -> mpsc::Receiver<Event> {
     let mut wanted = FORWARDED.to_vec();
     wanted.push(SIGCHLD);
     let mut signals = match Signals::new(&wanted) {
@@ -79,8 +86,13 @@ fn main() {
         let _ = tx.send(Event::Stop(why));
     });
 
-    // The agent starts only once the runner has spoken since the container started, with time
-    // left: a runner that froze before (or woke too late) never has its agent started at all.
+    rx
+}
+
+/// The agent starts only once the runner has spoken since the container started, with time
+/// left: a runner that froze before (or woke too late) never has its agent started at all.
+/// Returns the input document and the deadline the runner set.
+fn wait_for_the_runner(rx: &mpsc::Receiver<Event>, mut deadline: Instant) -> (Vec<u8>, Instant) {
     let document = loop {
         let Some(wait) = left(deadline) else {
             exit_before_start("no word from the runner in time");
@@ -104,8 +116,17 @@ fn main() {
         exit_before_start("the runner's deadline had passed before the agent could start");
     }
 
+    (document, deadline)
+}
+
+/// Start the agent in its own process group and hand it `document` on its stdin.
+fn start_agent(
+    program: &std::ffi::OsStr,
+    args: &[std::ffi::OsString],
+    document: Vec<u8>,
+) -> rustix::process::Pid {
     let spawned = Command::new(program)
-        .args(&args[2..])
+        .args(args)
         .stdin(Stdio::piped())
         // Its own group, so that outside a container the whole tree can be killed.
         .process_group(0)
@@ -133,6 +154,12 @@ fn main() {
         });
     }
 
+    agent
+}
+
+/// Pass signals on to the agent and keep its deadline moving with the runner's heartbeats;
+/// exit as the agent exits, or stop it when the heartbeats stop.
+fn watch(rx: &mpsc::Receiver<Event>, agent: rustix::process::Pid, mut deadline: Instant) -> ! {
     loop {
         let Some(wait) = left(deadline) else {
             stop_agent(agent, "no heartbeat from the runner in time");

@@ -12,6 +12,7 @@ mod kills;
 mod land;
 mod lease;
 pub mod lines;
+mod patience;
 mod reaper;
 mod retries;
 mod scratch;

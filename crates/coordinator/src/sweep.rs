@@ -30,10 +30,18 @@ use turnpike_store::Bus;
 /// What one sweep found; logged, and counted by operators' tools.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct SweepReport {
+    /// Live turns listed when the pass began.
     pub live: usize,
+    /// Attempts declared lost with their runner.
     pub runner_lost: usize,
+    /// Owed attempts found nowhere and dispatched again.
     pub rescheduled: usize,
+    /// Attempts queued far longer than expected (how many, and which: a [`Sweeper`] warns of
+    /// each once).
     pub queued_long: usize,
+    /// Which attempts those are, and how long each has waited.
+    pub queued_long_attempts: Vec<(TurnId, u32, Duration)>,
+    /// Ended turns whose effects were carried out, and stale index entries dropped.
     pub cleaned: usize,
 }
 
@@ -51,6 +59,9 @@ const QUEUED_LONG: Duration = Duration::from_secs(300);
 #[derive(Debug, Default)]
 pub struct Sweeper {
     absent_since: HashMap<String, Instant>,
+    /// Attempts already warned of as queued far too long: each is warned of (and counted) once,
+    /// not at every pass while it waits.
+    warned_queued: HashSet<(TurnId, u32)>,
 }
 
 impl Sweeper {
@@ -73,10 +84,26 @@ impl Sweeper {
         .await;
         // Forget attempts no longer found without a lease (it came, or the turn moved on); a
         // pass cut short saw only some, and forgets nothing.
-        if report.is_ok() {
+        if let Ok(report) = &report {
             self.absent_since.retain(|k, _| seen.contains(k));
+            self.warn_queued_once(report, counters);
         }
         report
+    }
+
+    /// Warn of (and count) each attempt queued far too long once, when a pass first finds it;
+    /// forget those no longer found, so a later attempt of the turn is warned of in its turn.
+    fn warn_queued_once(&mut self, report: &SweepReport, counters: &Counters) {
+        let mut now_queued = HashSet::with_capacity(report.queued_long_attempts.len());
+        for (turn, attempt, waited) in &report.queued_long_attempts {
+            let key = (turn.clone(), *attempt);
+            if !self.warned_queued.contains(&key) {
+                warn!(turn_id = %turn, attempt, waited = ?waited, "attempt queued far longer than expected: are runners up?");
+                counters.queued_long();
+            }
+            now_queued.insert(key);
+        }
+        self.warned_queued = now_queued;
     }
 }
 
@@ -299,7 +326,7 @@ impl Pass<'_, '_> {
     /// scheduled or waiting in the queue, it is on its way; nowhere, it is dispatched again (its
     /// dispatcher died between its write and its publish, or a purge lost it).
     async fn check_dispatched(&mut self, record: &TurnRecord) -> Result<(), ApplyError> {
-        let (bus, counters) = (self.bus, self.counters);
+        let bus = self.bus;
         let turn = &record.turn;
         let k = record.attempt;
         // Claimed: a runner has it, and it may have died before reporting it started. Its lease
@@ -321,9 +348,10 @@ impl Pass<'_, '_> {
             recovery::Retry::OnItsWay => {
                 let waited = now().since(record.updated_at);
                 if queued && record.state == TurnState::Queued && waited > QUEUED_LONG {
-                    warn!(turn_id = %turn, attempt = k, waited = ?waited, "attempt queued far longer than expected: are runners up?");
                     self.report.queued_long += 1;
-                    counters.queued_long();
+                    self.report
+                        .queued_long_attempts
+                        .push((turn.clone(), k, waited));
                 }
                 return Ok(());
             }
@@ -363,15 +391,57 @@ pub async fn run(
     let mut sweeper = Sweeper::default();
     loop {
         match sweeper.pass(&bus, &config, &counters).await {
-            Ok(r) if r.runner_lost + r.rescheduled + r.queued_long + r.cleaned > 0 => {
-                info!(?r, "sweep settled turns")
-            }
-            Ok(r) => debug!(?r, "sweep"),
+            // One line per pass, with counts: never one per turn.
+            Ok(r) if r.runner_lost + r.rescheduled + r.cleaned > 0 => info!(
+                live = r.live,
+                runner_lost = r.runner_lost,
+                rescheduled = r.rescheduled,
+                cleaned = r.cleaned,
+                queued_long = r.queued_long,
+                "sweep settled turns"
+            ),
+            Ok(r) => debug!(live = r.live, queued_long = r.queued_long, "sweep"),
             Err(e) => warn!(error = %e, "sweep failed; retrying"),
         }
         tokio::select! {
             _ = shutdown.cancelled() => return,
             _ = tokio::time::sleep(interval) => {}
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn report(queued: &[(&str, u32)]) -> SweepReport {
+        SweepReport {
+            queued_long: queued.len(),
+            queued_long_attempts: queued
+                .iter()
+                .map(|(t, a)| (TurnId::new(*t).expect("id"), *a, QUEUED_LONG * 2))
+                .collect(),
+            ..SweepReport::default()
+        }
+    }
+
+    #[test]
+    fn an_attempt_queued_too_long_is_warned_of_once_while_it_waits() {
+        let counters = Counters::default();
+        let mut sweeper = Sweeper::default();
+        let counted = |c: &Counters| c.snapshot().queued_long;
+        sweeper.warn_queued_once(&report(&[("t-a", 1), ("t-b", 1)]), &counters);
+        assert_eq!(counted(&counters), 2);
+        // The same attempts at the next passes: nothing new.
+        for _ in 0..3 {
+            sweeper.warn_queued_once(&report(&[("t-a", 1), ("t-b", 1)]), &counters);
+        }
+        assert_eq!(counted(&counters), 2);
+        // t-a was taken; t-b's next attempt waits too long: that one is new.
+        sweeper.warn_queued_once(&report(&[("t-b", 2)]), &counters);
+        assert_eq!(counted(&counters), 3);
+        // t-a waits again later (a new condition): warned of again.
+        sweeper.warn_queued_once(&report(&[("t-a", 1), ("t-b", 2)]), &counters);
+        assert_eq!(counted(&counters), 4);
     }
 }

@@ -63,8 +63,12 @@ impl Counters {
 /// Tries of a transient failure in place, in the chat's lane, before the message is NAK'd.
 const IN_PLACE_TRIES: u32 = 8;
 
-/// How long a chat's lane waits for its next message before it closes.
-const LANE_IDLE: Duration = Duration::from_secs(30);
+/// How long a chat's lane waits for its next message before it closes. Short: a lane is a task
+/// and a queue, and ten thousand chats that each said one thing must not keep ten thousand of
+/// them. Order does not rest on lanes staying open (a chat's record says which of its messages
+/// were taken, and a later one waits for every earlier one: `chats::inbound_in_order`), so closing one
+/// costs only the spawn of the next.
+const LANE_IDLE: Duration = Duration::from_secs(2);
 
 /// Handle one chat's messages in order until it has been idle for a while (or shutdown closes
 /// the sender). Whatever arrived while closing is still handled, never dropped.
@@ -113,7 +117,9 @@ impl Dispatcher {
         let me = Arc::new(self);
         let lanes_done = TaskTracker::new();
         let mut lanes: HashMap<String, mpsc::UnboundedSender<Message>> = HashMap::new();
-        let mut routed: u64 = 0;
+        // Closed lanes leave their senders in the map until a sweep of it: one whenever the map
+        // has doubled since the last, so its size stays within twice the lanes open then.
+        let mut prune_at: usize = 64;
         turnpike_jetstream::consume::each_message(&consumer, 64, &shutdown, |msg| {
             let key = msg.subject.to_string();
             let leftover = match lanes.get(&key) {
@@ -127,9 +133,9 @@ impl Dispatcher {
                 lanes.insert(key, tx);
                 lanes_done.spawn(lane(me.clone(), rx));
             }
-            routed += 1;
-            if routed.is_multiple_of(1024) {
+            if lanes.len() >= prune_at {
                 lanes.retain(|_, tx| !tx.is_closed());
+                prune_at = (lanes.len() * 2).max(64);
             }
             std::future::ready(())
         })

@@ -170,20 +170,16 @@ impl Attempt {
         let seq = match taken {
             Ok(Taken::Ours(seq)) => seq,
             Ok(Taken::Killed) => {
-                info!("the turn was killed before the attempt started; not running it");
-                return Err(ExitReport::without_output(
+                return Err(not_run(
                     ExitClass::OperatorKilled,
                     "killed by an operator before it started",
-                    now(),
-                ));
+                ))
             }
             Ok(Taken::Lost) => {
-                info!("the attempt was declared lost before it started; not running it");
-                return Err(ExitReport::without_output(
+                return Err(not_run(
                     ExitClass::RunnerLost,
                     "declared lost before it started",
-                    now(),
-                ));
+                ))
             }
             Err(gave_up) => {
                 // Without the fence nothing can land safely. Report a death so the coordinator
@@ -318,6 +314,12 @@ impl Attempt {
         }
         Some(report)
     }
+}
+
+/// The exit of an attempt the fence says must not run at all.
+fn not_run(class: turnpike_core::wire::ExitClass, why: &str) -> ExitReport {
+    info!(why, "the attempt is not run");
+    ExitReport::without_output(class, why, now())
 }
 
 /// A run that went through: how the process ended, what of its output landed, and when the

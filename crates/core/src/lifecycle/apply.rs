@@ -184,9 +184,14 @@ fn started(
     a.runner = Some(runner.clone());
     a.started_at = Some(now);
     a.published_at = Some(published_at);
+    Ok(running(r))
+}
+
+/// The current attempt is running: no retry is due any more.
+fn running(r: &mut TurnRecord) -> Handled {
     r.state = TurnState::Running;
     r.next_attempt_due = None;
-    Ok(Handled::Changed(Vec::new()))
+    Handled::Changed(Vec::new())
 }
 
 /// Bot message `seq` of the current attempt landed (sent by older runners of format version 1;
@@ -211,9 +216,7 @@ fn message_landed(
     if let Some(at) = stream_seq {
         a.reply_span = Some(crate::wire::ReplySpan::with(a.reply_span, at));
     }
-    r.state = TurnState::Running;
-    r.next_attempt_due = None;
-    Ok(Handled::Changed(Vec::new()))
+    Ok(running(r))
 }
 
 /// The current attempt ended as `report` says: done, retried, or given up ([`decide`]).

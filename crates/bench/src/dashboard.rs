@@ -47,7 +47,7 @@ async fn page(base: &str, cookie: &str, path: &str) -> Result<()> {
 
 pub async fn page_time(out: &mut String, stored: usize) -> Result<()> {
     let stack = Stack::start(1, |c| c.runner_slots = 4).await?;
-    crate::scale::fill_finished_turns(&stack.bus, stored).await?;
+    crate::stored_turns::fill_finished_turns(&stack.bus, stored).await?;
     let chats = crate::bucket(&stack.bus, turnpike_core::subjects::BUCKET_CHATS).await?;
     for i in 0..CHATS {
         let chat = ChatId::new(format!("c-{i}"))?;

@@ -23,9 +23,9 @@ mod plots;
 mod procstat;
 mod report;
 mod retry;
-mod scale;
-mod scaling;
+mod runners_and_load;
 mod stack;
+mod stored_turns;
 
 pub(crate) use stack::*;
 
@@ -164,7 +164,7 @@ fn main() -> Result<()> {
         What::Dashboard { stored } => {
             print_report!(|out| dashboard::page_time(&mut out, stored).await)
         }
-        What::Scale => print_report!(|out| scale::scale(&mut out).await),
+        What::Scale => print_report!(|out| stored_turns::coordinator_cost(&mut out).await),
         What::Burst { turns, runners } => {
             let rt = runtime()?;
             rt.block_on(async {
@@ -250,10 +250,10 @@ async fn all(turns: usize, plot_dir: &std::path::Path) -> Result<String> {
     docker::docker_overhead(&mut out).await?;
     retry::retry_path(&mut out).await?;
     coordinator_kill::coordinator_kill(&mut out).await?;
-    scale::scale(&mut out).await?;
+    stored_turns::coordinator_cost(&mut out).await?;
     codecs::codecs(&mut out)?;
-    let throughput = scaling::runner_scaling(&mut out).await?;
-    let latency = scaling::latency_vs_load(&mut out).await?;
+    let throughput = runners_and_load::runner_scaling(&mut out).await?;
+    let latency = runners_and_load::latency_vs_load(&mut out).await?;
     dashboard::page_time(&mut out, 100_000).await?;
     match plots::plots(plot_dir, &latency, &throughput) {
         Ok(paths) => {

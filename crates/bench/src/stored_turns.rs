@@ -10,7 +10,7 @@ use turnpike_core::{ChatId, Timestamp, TurnId};
 /// The coordinator's own CPU per event and memory with 1k, 10k and 100k finished turns stored: it
 /// runs as a child process started after the bucket is filled (as after a restart), so the
 /// figures are its alone, start-up scan included in the peak memory.
-pub async fn scale(out: &mut String) -> Result<()> {
+pub async fn coordinator_cost(out: &mut String) -> Result<()> {
     writeln!(
         out,
         "\n### 4. Scale: the coordinator's cost per event with stored turns in the bucket\n"

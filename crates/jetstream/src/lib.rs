@@ -13,7 +13,7 @@ mod publish;
 pub mod topology;
 
 pub use connect::{connect, describe_servers};
-pub use error::{dedup_in_process, lost_cas, persistence, BusError, Persistence};
+pub use error::{dedup_in_process, lost_cas, persistence, BusError, Persistence, Source};
 pub use publish::{
     dead_letter, dead_letter_message, decode, decode_kv, encode_headers, header_str, kv_delete,
     kv_put, now, publish, publish_inbound, refuse, skew_clock_for_tests, ttl_secs, Publish,

@@ -33,26 +33,33 @@ pub async fn put(
 
 /// What the store knows of `object` (its size, above all), without reading it.
 pub async fn info(bus: &Bus, object: &str) -> Result<ObjectInfo, ObjectError> {
-    bus.attachments
-        .info(object)
-        .await
-        .map_err(|e| match e.kind() {
-            InfoErrorKind::NotFound | InfoErrorKind::InvalidName => {
-                ObjectError::Missing(object.to_owned())
-            }
-            _ => BusError::kv(format!("look up attachment {object:?}"), e).into(),
-        })
+    bus.attachments.info(object).await.map_err(|e| {
+        let missing = matches!(
+            e.kind(),
+            InfoErrorKind::NotFound | InfoErrorKind::InvalidName
+        );
+        object_error(object, missing, "look up", e)
+    })
 }
 
 /// Open `object` for reading.
 pub async fn open(bus: &Bus, object: &str) -> Result<Object, ObjectError> {
-    bus.attachments
-        .get(object)
-        .await
-        .map_err(|e| match e.kind() {
-            GetErrorKind::NotFound | GetErrorKind::InvalidName => {
-                ObjectError::Missing(object.to_owned())
-            }
-            _ => BusError::kv(format!("read attachment {object:?}"), e).into(),
-        })
+    bus.attachments.get(object).await.map_err(|e| {
+        let missing = matches!(e.kind(), GetErrorKind::NotFound | GetErrorKind::InvalidName);
+        object_error(object, missing, "read", e)
+    })
+}
+
+/// `object` is `missing` (no retry brings it), or `doing` it failed as `e` says.
+fn object_error(
+    object: &str,
+    missing: bool,
+    doing: &str,
+    e: impl Into<turnpike_jetstream::Source>,
+) -> ObjectError {
+    if missing {
+        ObjectError::Missing(object.to_owned())
+    } else {
+        BusError::kv(format!("{doing} attachment {object:?}"), e).into()
+    }
 }

@@ -26,6 +26,8 @@ fn of_turn<'a>(items: &'a [OutboundItem], turn: &TurnId) -> Vec<&'a OutboundItem
 }
 
 // The cases live in coordinator/.
+#[path = "coordinator/due.rs"]
+mod due;
 #[path = "coordinator/outbox.rs"]
 mod outbox;
 #[path = "coordinator/restarts.rs"]

@@ -328,7 +328,7 @@ async fn an_ended_turn_stays_listed_until_its_outbox_is_carried_out() {
 
 /// Make a stream forget message ids after `window` (its definition keeps them two minutes), so
 /// a test can see a publish that the dedup would otherwise hide.
-async fn shorten_duplicate_window(bus: &Bus, stream: &str, window: Duration) {
+pub(crate) async fn shorten_duplicate_window(bus: &Bus, stream: &str, window: Duration) {
     let mut config = bus
         .js
         .get_stream(stream)

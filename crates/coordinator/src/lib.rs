@@ -26,6 +26,8 @@ const IN_FLIGHT: usize = 32;
 
 mod batches;
 pub mod counters;
+pub mod due;
+pub mod follow;
 pub mod ops;
 mod recent;
 pub mod sweep;
@@ -115,23 +117,32 @@ impl Coordinator {
             return Ok(());
         };
         info!("coordinator started");
+        // What the sweep must look at, and the live turns' counts, kept from watches.
+        let index = follow::Shared::new(due::Timing::new(self.config.heartbeat, self.config.lease));
+        let follower = tokio::spawn(follow::follow(
+            Bus::clone(&self.bus),
+            index.clone(),
+            shutdown.clone(),
+        ));
         // Runner-lost detection is bounded by lease + this interval.
         let sweeper = tokio::spawn(sweep::run(
             Bus::clone(&self.bus),
             self.config.clone(),
             self.counters.clone(),
             self.config.heartbeat,
+            index.clone(),
             shutdown.clone(),
         ));
         let ops = {
-            let (bus, config, counters, token) = (
+            let (bus, config, counters, index, token) = (
                 Bus::clone(&self.bus),
                 self.config.clone(),
                 self.counters.clone(),
+                index.clone(),
                 shutdown.clone(),
             );
             tokio::spawn(async move {
-                if let Err(e) = ops::serve(bus, config, counters, token).await {
+                if let Err(e) = ops::serve(bus, config, counters, index, token).await {
                     warn!(error = %e, "operator service stopped");
                 }
             })
@@ -180,6 +191,7 @@ impl Coordinator {
         tasks.close();
         tasks.wait().await;
         let _ = sweeper.await;
+        let _ = follower.await;
         let _ = ops.await;
         info!("coordinator stopped");
         Ok(())

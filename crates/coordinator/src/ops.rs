@@ -41,6 +41,7 @@ pub async fn serve(
     bus: Bus,
     config: Config,
     counters: Arc<Counters>,
+    index: crate::follow::Shared,
     shutdown: CancellationToken,
 ) -> Result<(), BusError> {
     let c = counters.clone();
@@ -76,10 +77,11 @@ pub async fn serve(
     }
     let mut tasks = tokio::task::JoinSet::new();
     for (subject, mut ep) in endpoints {
-        let (bus, config, counters, token) = (
+        let (bus, config, counters, index, token) = (
             bus.clone(),
             config.clone(),
             counters.clone(),
+            index.clone(),
             shutdown.clone(),
         );
         tasks.spawn(async move {
@@ -89,7 +91,9 @@ pub async fn serve(
                     r = ep.next() => match r { Some(r) => r, None => break },
                 };
                 let body = match subject {
-                    subjects::OPS_STATS => serde_json::to_vec(&stats(&bus, &counters).await),
+                    subjects::OPS_STATS => {
+                        serde_json::to_vec(&stats(&bus, &counters, &index).await)
+                    }
                     _ => {
                         let answer = match decode::<OpsRequest>(
                             req.message.headers.as_ref(),
@@ -276,9 +280,17 @@ async fn clear(
     })
 }
 
-async fn stats(bus: &Bus, counters: &Counters) -> OpsStats {
-    let live = match turnpike_store::views::live_turns(bus).await {
-        Ok(records) => turnpike_store::views::count_by_state(&records)
+/// The counters, and the live turns by state: from the index kept by watches once it is built
+/// (no read at all), read from the bucket before.
+async fn stats(bus: &Bus, counters: &Counters, index: &crate::follow::Shared) -> OpsStats {
+    let counted = match index.count_by_state() {
+        Some(counted) => Ok(counted),
+        None => turnpike_store::views::live_turns(bus)
+            .await
+            .map(|records| turnpike_store::views::count_by_state(&records)),
+    };
+    let live = match counted {
+        Ok(counted) => counted
             .into_iter()
             .map(|(s, n)| (s.as_str().to_owned(), n))
             .collect(),

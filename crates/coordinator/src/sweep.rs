@@ -8,7 +8,7 @@
 //!   is dispatched again;
 //! - effects left in an ended turn's outbox are carried out, and the turn leaves the index.
 
-use crate::Counters;
+use crate::{follow, Counters};
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant, SystemTime};
 use tracing::{debug, info, warn};
@@ -43,6 +43,10 @@ pub struct SweepReport {
     pub queued_long_attempts: Vec<(TurnId, u32, Duration)>,
     /// Ended turns whose effects were carried out, and stale index entries dropped.
     pub cleaned: usize,
+    /// Turns looked at (in full, or in the work queue).
+    pub looked_at: usize,
+    /// Owed attempts found claimed (their lease is then looked at every pass).
+    pub claimed: Vec<(TurnId, u32)>,
 }
 
 /// The least a lost attempt's lease marker lives (the bucket keeps a marker without TTL for a week).
@@ -65,15 +69,91 @@ pub struct Sweeper {
 }
 
 impl Sweeper {
-    /// One pass over the live turns.
+    /// One pass over every live turn (as listed now).
     pub async fn pass(
         &mut self,
         bus: &Bus,
         config: &Config,
         counters: &Counters,
     ) -> Result<SweepReport, BusError> {
+        let live = turnpike_store::live::keys(bus).await?;
+        let report = self.pass_over(bus, config, counters, live).await?;
+        self.warn_queued_once(&report, counters, |_, _| false);
+        Ok(report)
+    }
+
+    /// One pass over what `index` says is due: the turns it names are looked at in full; the
+    /// queued first attempts of a round are looked for in the work queue all at once, and only
+    /// those not found there are looked at in full. An index not built yet: every live turn.
+    pub async fn pass_due(
+        &mut self,
+        bus: &Bus,
+        config: &Config,
+        counters: &Counters,
+        index: &follow::Shared,
+    ) -> Result<SweepReport, BusError> {
+        let planned = {
+            let mut f = index.lock();
+            f.ready
+                .then(|| (f.index.due(Instant::now(), now()), f.index.live()))
+        };
+        let Some((due, live)) = planned else {
+            return self.pass(bus, config, counters).await;
+        };
+        let mut full = due.full;
+        let mut on_their_way = Vec::new();
+        if !due.queued.is_empty() {
+            match turnpike_store::work::queued_turns(bus).await {
+                Ok(found) => {
+                    for q in due.queued {
+                        if found.contains(&q.turn) {
+                            on_their_way.push(q);
+                        } else {
+                            full.push(q.turn);
+                        }
+                    }
+                }
+                // The round is looked at again in a round; what else is due is not held up.
+                Err(e) => {
+                    warn!(error = %e, queued = due.queued.len(), "could not list the work queue")
+                }
+            }
+        }
+        let keys = full.iter().map(|t| t.as_str().to_owned()).collect();
+        let mut report = self.pass_over(bus, config, counters, keys).await?;
+        report.live = live;
+        report.looked_at = full.len() + on_their_way.len();
+        for q in on_their_way {
+            let waited = now().since(q.since);
+            if waited > QUEUED_LONG {
+                report.queued_long += 1;
+                report
+                    .queued_long_attempts
+                    .push((q.turn, q.attempt, waited));
+            }
+        }
+        {
+            let mut f = index.lock();
+            let at = Instant::now();
+            f.index.looked_at(&full, at);
+            for (turn, attempt) in &report.claimed {
+                f.index.claimed(turn.clone(), *attempt, at);
+            }
+            self.warn_queued_once(&report, counters, |t, a| f.index.still_queued(t, a));
+        }
+        Ok(report)
+    }
+
+    /// A pass over `listed`, remembering what it found of absent leases.
+    async fn pass_over(
+        &mut self,
+        bus: &Bus,
+        config: &Config,
+        counters: &Counters,
+        listed: Vec<String>,
+    ) -> Result<SweepReport, BusError> {
         let mut seen = HashSet::new();
-        let report = sweep_live(bus, config, counters, &mut |key: &str| {
+        let report = sweep_listed(bus, config, counters, listed, &mut |key: &str| {
             seen.insert(key.to_owned());
             let since = *self
                 .absent_since
@@ -81,19 +161,22 @@ impl Sweeper {
                 .or_insert_with(Instant::now);
             recovery::absent_lease(since.elapsed(), config.lease)
         })
-        .await;
-        // Forget attempts no longer found without a lease (it came, or the turn moved on); a
-        // pass cut short saw only some, and forgets nothing.
-        if let Ok(report) = &report {
-            self.absent_since.retain(|k, _| seen.contains(k));
-            self.warn_queued_once(report, counters);
-        }
-        report
+        .await?;
+        // Forget attempts no longer found without a lease (it came, or the turn moved on): a
+        // claimed attempt is looked at every pass until it does.
+        self.absent_since.retain(|k, _| seen.contains(k));
+        Ok(report)
     }
 
     /// Warn of (and count) each attempt queued far too long once, when a pass first finds it;
-    /// forget those no longer found, so a later attempt of the turn is warned of in its turn.
-    fn warn_queued_once(&mut self, report: &SweepReport, counters: &Counters) {
+    /// forget those neither found again nor `still_queued` (a round looks for queued attempts
+    /// only once in a while), so a later attempt of the turn is warned of in its turn.
+    fn warn_queued_once(
+        &mut self,
+        report: &SweepReport,
+        counters: &Counters,
+        still_queued: impl Fn(&TurnId, u32) -> bool,
+    ) {
         let mut now_queued = HashSet::with_capacity(report.queued_long_attempts.len());
         for (turn, attempt, waited) in &report.queued_long_attempts {
             let key = (turn.clone(), *attempt);
@@ -103,7 +186,9 @@ impl Sweeper {
             }
             now_queued.insert(key);
         }
-        self.warned_queued = now_queued;
+        self.warned_queued
+            .retain(|(t, a)| now_queued.contains(&(t.clone(), *a)) || still_queued(t, *a));
+        self.warned_queued.extend(now_queued);
     }
 }
 
@@ -119,16 +204,6 @@ pub async fn sweep_once(
 
 /// How a claimed attempt's absent lease (by its key) is judged.
 pub type JudgeAbsent<'a> = dyn FnMut(&str) -> recovery::Lease + Send + 'a;
-
-async fn sweep_live(
-    bus: &Bus,
-    config: &Config,
-    counters: &Counters,
-    absent: &mut JudgeAbsent<'_>,
-) -> Result<SweepReport, BusError> {
-    let live = turnpike_store::live::keys(bus).await?;
-    sweep_listed(bus, config, counters, live, absent).await
-}
 
 /// A pass over `listed`, the live turns as listed when the pass began (given here by the
 /// tests, which make the listing stale). Each turn is read afresh, and a turn's effects are
@@ -148,6 +223,7 @@ pub async fn sweep_listed(
         absent,
         report: SweepReport {
             live: listed.len(),
+            looked_at: listed.len(),
             ..SweepReport::default()
         },
     };
@@ -333,6 +409,9 @@ impl Pass<'_, '_> {
         // tells, as for a running attempt.
         let claimed =
             turnpike_store::claims::claim(bus, turn, k).await?.claim != recovery::Claim::None;
+        if claimed {
+            self.report.claimed.push((turn.clone(), k));
+        }
         let way = if claimed {
             turnpike_store::work::OnItsWay {
                 scheduled: false,
@@ -380,27 +459,34 @@ fn age(created: impl Into<SystemTime>) -> Duration {
         .unwrap_or_default()
 }
 
-/// Sweep now, then every `interval`, until cancelled.
+/// Sweep now, then every `interval`, until cancelled: what `index` says is due.
 pub async fn run(
     bus: Bus,
     config: Config,
     counters: std::sync::Arc<Counters>,
     interval: Duration,
+    index: follow::Shared,
     shutdown: tokio_util::sync::CancellationToken,
 ) {
     let mut sweeper = Sweeper::default();
     loop {
-        match sweeper.pass(&bus, &config, &counters).await {
+        match sweeper.pass_due(&bus, &config, &counters, &index).await {
             // One line per pass, with counts: never one per turn.
             Ok(r) if r.runner_lost + r.rescheduled + r.cleaned > 0 => info!(
                 live = r.live,
+                looked_at = r.looked_at,
                 runner_lost = r.runner_lost,
                 rescheduled = r.rescheduled,
                 cleaned = r.cleaned,
                 queued_long = r.queued_long,
                 "sweep settled turns"
             ),
-            Ok(r) => debug!(live = r.live, queued_long = r.queued_long, "sweep"),
+            Ok(r) => debug!(
+                live = r.live,
+                looked_at = r.looked_at,
+                queued_long = r.queued_long,
+                "sweep"
+            ),
             Err(e) => warn!(error = %e, "sweep failed; retrying"),
         }
         tokio::select! {
@@ -430,18 +516,25 @@ mod tests {
         let counters = Counters::default();
         let mut sweeper = Sweeper::default();
         let counted = |c: &Counters| c.snapshot().queued_long;
-        sweeper.warn_queued_once(&report(&[("t-a", 1), ("t-b", 1)]), &counters);
+        let gone = |_: &TurnId, _: u32| false;
+        sweeper.warn_queued_once(&report(&[("t-a", 1), ("t-b", 1)]), &counters, gone);
         assert_eq!(counted(&counters), 2);
         // The same attempts at the next passes: nothing new.
         for _ in 0..3 {
-            sweeper.warn_queued_once(&report(&[("t-a", 1), ("t-b", 1)]), &counters);
+            sweeper.warn_queued_once(&report(&[("t-a", 1), ("t-b", 1)]), &counters, gone);
         }
         assert_eq!(counted(&counters), 2);
         // t-a was taken; t-b's next attempt waits too long: that one is new.
-        sweeper.warn_queued_once(&report(&[("t-b", 2)]), &counters);
+        sweeper.warn_queued_once(&report(&[("t-b", 2)]), &counters, gone);
         assert_eq!(counted(&counters), 3);
         // t-a waits again later (a new condition): warned of again.
-        sweeper.warn_queued_once(&report(&[("t-a", 1), ("t-b", 2)]), &counters);
+        sweeper.warn_queued_once(&report(&[("t-a", 1), ("t-b", 2)]), &counters, gone);
+        assert_eq!(counted(&counters), 4);
+        // A round looks for queued attempts once in a while: between rounds, one the index
+        // still has queued is remembered, and not warned of again when the next round finds it.
+        let still = |t: &TurnId, a: u32| t.as_str() == "t-a" && a == 1;
+        sweeper.warn_queued_once(&report(&[]), &counters, still);
+        sweeper.warn_queued_once(&report(&[("t-a", 1)]), &counters, still);
         assert_eq!(counted(&counters), 4);
     }
 }

@@ -306,6 +306,8 @@ pub enum Watched {
     Chats,
     /// Runner presence.
     Runners,
+    /// Attempt claims.
+    Claims,
 }
 
 /// Follow every change of a bucket from now on.
@@ -315,6 +317,7 @@ pub async fn watch(bus: &Bus, which: Watched) -> Result<kv::Watch, BusError> {
         Watched::Live => (&bus.live, subjects::BUCKET_LIVE),
         Watched::Chats => (&bus.chats, subjects::BUCKET_CHATS),
         Watched::Runners => (&bus.runners, subjects::BUCKET_RUNNERS),
+        Watched::Claims => (&bus.claims, subjects::BUCKET_CLAIMS),
     };
     store
         .watch_all()

@@ -2,6 +2,8 @@
 //! attempt's exit is already reported (the events stream): what the sweep reads before it
 //! decides that an attempt was lost or must be dispatched again.
 
+use futures::StreamExt;
+use std::collections::HashSet;
 use turnpike_core::subjects;
 use turnpike_core::wire::{RunnerEvent, RunnerEventKind, WorkItem};
 use turnpike_core::{RunnerId, TurnId};
@@ -47,6 +49,36 @@ pub async fn on_its_way(
         }
     }
     Ok(OnItsWay { scheduled, queued })
+}
+
+/// The turns with a work item waiting in the queue, all of them in one paged listing of the
+/// work stream's subjects (no read per turn): how the sweep finds whether many queued attempts
+/// are on their way at the cost of one request per hundred thousand.
+pub async fn queued_turns(bus: &Bus) -> Result<HashSet<TurnId>, BusError> {
+    let stream = bus
+        .js
+        .get_stream(subjects::STREAM_WORK)
+        .await
+        .map_err(|e| BusError::kv("open work stream", e))?;
+    let mut listing = stream
+        .info_with_subjects(subjects::WORK_RUN_ALL)
+        .await
+        .map_err(|e| BusError::kv("list the work queue", e))?;
+    let prefix = subjects::WORK_RUN_ALL.trim_end_matches('>');
+    let mut turns = HashSet::new();
+    while let Some(subject) = listing.next().await {
+        let (subject, count) = subject.map_err(|e| BusError::kv("list the work queue", e))?;
+        if count == 0 {
+            continue;
+        }
+        if let Some(turn) = subject
+            .strip_prefix(prefix)
+            .and_then(|t| TurnId::new(t).ok())
+        {
+            turns.insert(turn);
+        }
+    }
+    Ok(turns)
 }
 
 /// Is the attempt's exit, as its claimant reported it, already in the events stream (waiting

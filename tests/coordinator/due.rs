@@ -1,0 +1,150 @@
+//! Issue 36: the sweep looks at what is due, not at everything live. Built from the watches, a
+//! coordinator's index sends a pass only the turns whose time has come: a queued first attempt
+//! is looked for in the work queue with all the others in one listing, once a round; a waiting
+//! turn owing nothing is never looked at; a new turn is looked at while it is fresh. What each
+//! look decides is the sweep's as before: a queued attempt lost from the queue is dispatched
+//! again. The live counts the coordinators answer come from the same index.
+
+use super::*;
+use turnpike_coordinator::due::Timing;
+use turnpike_coordinator::follow;
+use turnpike_coordinator::sweep::Sweeper;
+use turnpike_store::admission;
+use turnpike_store::outbox;
+use turnpike_testkit::eventually;
+
+/// Create message `id` of `chat` as the dispatcher does (indexed, recorded, joined to its chat;
+/// admitted if the chat has no live turn) and carry out its effects.
+async fn create(bus: &Bus, chat: &str, id: &str, seq: u64) -> TurnId {
+    use turnpike_core::lifecycle::{self, NewTurn};
+    let chat = ChatId::new(chat).expect("chat");
+    let message = turnpike_core::wire::InboundMessage::new(chat.clone(), id.to_owned(), "x", None);
+    let (record, _) = lifecycle::create(
+        NewTurn {
+            turn: TurnId::for_message(&chat, id),
+            message,
+            history: vec![],
+            max_turn_retry: 3,
+            retry_delay: Duration::from_secs(10),
+            rerun_of: None,
+            created_by: None,
+            admit_now: false,
+        },
+        turnpike_jetstream::now(),
+    );
+    let turn = record.turn.clone();
+    let (created, _) = admission::create_in_chat(bus, record, Some(seq), None)
+        .await
+        .expect("create");
+    outbox::run_outbox(bus, created).await.expect("effects");
+    turn
+}
+
+async fn state(bus: &Bus, turn: &TurnId) -> TurnState {
+    turnpike_store::turns::load(bus, turn)
+        .await
+        .expect("read")
+        .expect("record")
+        .record
+        .state
+}
+
+#[tokio::test]
+async fn the_sweep_looks_at_what_is_due_not_at_what_is_live() {
+    init_logs();
+    let server = NatsServer::start();
+    let config = test_config(&server, AGENT);
+    let bus = Bus::connect(&config, "test").await.expect("bus");
+    // A dispatch again goes under the first one's dedup id: out of the window, it is published.
+    super::outbox::shorten_duplicate_window(
+        &bus,
+        subjects::STREAM_WORK,
+        Duration::from_millis(200),
+    )
+    .await;
+    // Chat a: one queued turn and twenty waiting behind it. Chat b: one queued turn whose work
+    // item a purge of the work queue lost.
+    let queued = create(&bus, "a", "a-0", 1).await;
+    let mut waiting = Vec::new();
+    for i in 1..=20 {
+        waiting.push(create(&bus, "a", &format!("a-{i}"), i + 1).await);
+    }
+    let lost = create(&bus, "b", "b-0", 1).await;
+    assert_eq!(state(&bus, &queued).await, TurnState::Queued);
+    assert_eq!(state(&bus, &lost).await, TurnState::Queued);
+    assert_eq!(state(&bus, &waiting[19]).await, TurnState::Waiting);
+    bus.js
+        .get_stream(subjects::STREAM_WORK)
+        .await
+        .expect("work stream")
+        .purge()
+        .filter(subjects::work_run(&lost))
+        .await
+        .expect("purge");
+    let present = turnpike_store::work::queued_turns(&bus)
+        .await
+        .expect("list");
+    assert!(
+        present.contains(&queued) && !present.contains(&lost),
+        "{present:?}"
+    );
+    // Past the window (the server drops expired ids on a timer of the window's length).
+    tokio::time::sleep(Duration::from_secs(2)).await;
+
+    let index = follow::Shared::new(Timing::new(config.heartbeat, config.lease));
+    let token = tokio_util::sync::CancellationToken::new();
+    let follower = tokio::spawn(follow::follow(bus.clone(), index.clone(), token.clone()));
+    eventually(T, "the index built", || async {
+        index.lock().ready.then_some(())
+    })
+    .await;
+    // The coordinators' live counts, from the index, are the stored records' counts.
+    let stored = turnpike_store::views::count_by_state(
+        &turnpike_store::views::live_turns(&bus).await.expect("live"),
+    );
+    assert_eq!(index.count_by_state(), Some(stored));
+    assert_eq!(
+        index.count_by_state(),
+        Some(vec![(TurnState::Queued, 2), (TurnState::Waiting, 20)])
+    );
+
+    let counters = turnpike_coordinator::Counters::default();
+    let mut sweeper = Sweeper::default();
+    // The first pass is a round: both queued turns are looked for in the queue at once; the one
+    // not found is looked at in full, and dispatched again. No waiting turn is looked at.
+    let first = sweeper
+        .pass_due(&bus, &config, &counters, &index)
+        .await
+        .expect("pass");
+    assert_eq!(
+        (first.live, first.looked_at, first.rescheduled),
+        (22, 2, 1),
+        "{first:?}"
+    );
+    let present = turnpike_store::work::queued_turns(&bus)
+        .await
+        .expect("list");
+    assert!(present.contains(&lost), "dispatched again: {present:?}");
+    // Until the next round, nothing is due.
+    for _ in 0..3 {
+        let again = sweeper
+            .pass_due(&bus, &config, &counters, &index)
+            .await
+            .expect("pass");
+        assert_eq!((again.looked_at, again.rescheduled), (0, 0), "{again:?}");
+    }
+    // A turn created now is fresh: looked at, once the watch has brought it.
+    let fresh = create(&bus, "c", "c-0", 1).await;
+    eventually(T, "the new turn in the index", || async {
+        (index.lock().index.live() == 23).then_some(())
+    })
+    .await;
+    let next = sweeper
+        .pass_due(&bus, &config, &counters, &index)
+        .await
+        .expect("pass");
+    assert_eq!((next.live, next.looked_at), (23, 1), "{next:?}");
+    assert_eq!(state(&bus, &fresh).await, TurnState::Queued);
+    token.cancel();
+    follower.await.expect("follower");
+}

@@ -40,6 +40,23 @@ async fn create(bus: &Bus, chat: &str, id: &str, seq: u64) -> TurnId {
     turn
 }
 
+/// Flag chat `chat` errored (its turn gave up), as the coordinator would.
+async fn flag(bus: &Bus, chat: &str) {
+    let mut record: ChatRecord =
+        serde_json::from_value(serde_json::json!({ "chat": chat })).expect("chat record");
+    record.errored = Some(turnpike_core::wire::ChatError {
+        turn: TurnId::new(format!("t-{chat}")).expect("turn"),
+        at: turnpike_jetstream::now(),
+        reason: "gave up".into(),
+        cause: Some(turnpike_core::wire::ChatErrorCause::GaveUp),
+    });
+    turnpike_tests::bucket(bus, subjects::BUCKET_CHATS)
+        .await
+        .put(chat, serde_json::to_vec(&record).expect("json").into())
+        .await
+        .expect("flag");
+}
+
 async fn state(bus: &Bus, turn: &TurnId) -> TurnState {
     turnpike_store::turns::load(bus, turn)
         .await
@@ -91,6 +108,8 @@ async fn the_sweep_looks_at_what_is_due_not_at_what_is_live() {
     // Past the window (the server drops expired ids on a timer of the window's length).
     tokio::time::sleep(Duration::from_secs(2)).await;
 
+    flag(&bus, "z").await;
+
     let index = follow::Shared::new(Timing::new(config.heartbeat, config.lease));
     let token = tokio_util::sync::CancellationToken::new();
     let follower = tokio::spawn(follow::follow(bus.clone(), index.clone(), token.clone()));
@@ -108,7 +127,45 @@ async fn the_sweep_looks_at_what_is_due_not_at_what_is_live() {
         Some(vec![(TurnState::Queued, 2), (TurnState::Waiting, 20)])
     );
 
-    let counters = turnpike_coordinator::Counters::default();
+    // The cluster view asked of a coordinator is the one read from the buckets, errored chats
+    // included, those flagged before the index was built and after.
+    flag(&bus, "y").await;
+    eventually(T, "both errored chats in the model", || async {
+        (index.status()?.errored.len() == 2).then_some(())
+    })
+    .await;
+    let counters = std::sync::Arc::new(turnpike_coordinator::Counters::default());
+    let ops = tokio::spawn(turnpike_coordinator::ops::serve(
+        bus.clone(),
+        config.clone(),
+        counters.clone(),
+        index.clone(),
+        token.clone(),
+    ));
+    let at = turnpike_jetstream::now();
+    // Asked of the coordinator itself (not the view's fallback, which reads).
+    let asked: turnpike_store::views::Cluster = eventually(T, "a coordinator's answer", || async {
+        let answer = bus
+            .client
+            .request(subjects::OPS_STATUS, bytes::Bytes::new())
+            .await
+            .ok()?;
+        serde_json::from_slice(&answer.payload).ok()
+    })
+    .await;
+    let read = turnpike_store::views::read_cluster(&bus, at)
+        .await
+        .expect("read");
+    assert_eq!(asked, read);
+    assert_eq!(
+        turnpike_store::views::cluster(&bus, at)
+            .await
+            .expect("view"),
+        read
+    );
+    assert_eq!((asked.errored_chats, asked.gave_up_last_hour), (2, 2));
+    assert_eq!(asked.live_in(TurnState::Waiting), 20);
+
     let mut sweeper = Sweeper::default();
     // The first pass is a round: both queued turns are looked for in the queue at once; the one
     // not found is looked at in full, and dispatched again. No waiting turn is looked at.
@@ -147,4 +204,5 @@ async fn the_sweep_looks_at_what_is_due_not_at_what_is_live() {
     assert_eq!(state(&bus, &fresh).await, TurnState::Queued);
     token.cancel();
     follower.await.expect("follower");
+    ops.await.expect("ops").expect("ops served");
 }

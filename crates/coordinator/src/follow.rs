@@ -1,6 +1,7 @@
-//! Keeps this coordinator's [`DueIndex`] up to date: built from one listing of the live index
-//! and one read of each live record, then moved by every change the watches of the live index,
-//! the turn records and the claims deliver. Watches started before the build miss nothing (a
+//! Keeps this coordinator's [`DueIndex`] and read model up to date: built from one listing of
+//! the live index and one read of each live record, then moved by every change the watches of
+//! the live index, the turn records and the claims deliver; the errored chats from a watch of
+//! the chat records (each one's current value, then every change). Watches started before the build miss nothing (a
 //! record read in the build and changed during it arrives again, and the newer revision wins).
 //! A watch that fails, or ends, rebuilds the index from the start; meanwhile the sweep passes
 //! over every live turn, as it would with no index.
@@ -8,12 +9,14 @@
 use crate::due::{DueIndex, Seen, Timing};
 use async_nats::jetstream::kv::{self, Operation};
 use futures::StreamExt;
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 use turnpike_core::record::TurnState;
-use turnpike_core::{TurnId, TurnRecord};
+use turnpike_core::wire::{ChatErrorCause, ChatRecord};
+use turnpike_core::{ChatId, Timestamp, TurnId, TurnRecord};
 use turnpike_jetstream::{decode_kv, BusError};
 use turnpike_store::turns::{self, ApplyError};
 use turnpike_store::views::{self, Watched};
@@ -22,11 +25,16 @@ use turnpike_store::Bus;
 /// Records read at once while the index is built.
 const PARALLEL_READS: usize = 32;
 
+/// No chat record for this long while their current values arrive: there are no more.
+const CHATS_QUIET: Duration = Duration::from_millis(500);
+
 /// The index and whether it is whole (built, its watches running).
 #[derive(Debug)]
 pub struct Followed {
     /// The index.
     pub index: DueIndex,
+    /// Chats flagged errored: when, and why.
+    pub errored: HashMap<ChatId, (Timestamp, Option<ChatErrorCause>)>,
     /// Built, and followed since: passes and counts may rest on it.
     pub ready: bool,
 }
@@ -40,6 +48,7 @@ impl Shared {
     pub fn new(timing: Timing) -> Self {
         Shared(Arc::new(Mutex::new(Followed {
             index: DueIndex::new(timing),
+            errored: HashMap::new(),
             ready: false,
         })))
     }
@@ -57,6 +66,25 @@ impl Shared {
         let f = self.lock();
         f.ready.then(|| f.index.count_by_state())
     }
+
+    /// What the cluster view needs of the read model, if it is whole: the live turns by state,
+    /// and when and why each errored chat was flagged.
+    pub fn status(&self) -> Option<Status> {
+        let f = self.lock();
+        f.ready.then(|| Status {
+            live: f.index.count_by_state(),
+            errored: f.errored.values().copied().collect(),
+        })
+    }
+}
+
+/// What the cluster view needs of the read model.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Status {
+    /// Live turns by state.
+    pub live: Vec<(TurnState, u64)>,
+    /// When and why each errored chat was flagged.
+    pub errored: Vec<(Timestamp, Option<ChatErrorCause>)>,
 }
 
 /// Follow the watches into `shared` until `shutdown`.
@@ -67,6 +95,7 @@ pub async fn follow(bus: Bus, shared: Shared, shutdown: CancellationToken) {
             let mut f = shared.lock();
             f.ready = false;
             f.index.clear();
+            f.errored.clear();
         }
         match followed {
             Ok(()) => return,
@@ -90,7 +119,18 @@ async fn follow_once(
     let mut live = views::watch(bus, Watched::Live).await?;
     let mut records = views::watch(bus, Watched::Turns).await?;
     let mut claims = views::watch(bus, Watched::Claims).await?;
+    let mut chats = views::watch_current(bus, Watched::Chats).await?;
     let started = Instant::now();
+    // The chats' current values first. An empty bucket sends none: a moment's quiet ends it
+    // (at worst the errored count lags for a moment; nothing is decided on it).
+    while let Ok(entry) = tokio::time::timeout(CHATS_QUIET, chats.next()).await {
+        let entry = next(entry, "chats")?;
+        let current = entry.seen_current;
+        on_chat(shared, entry);
+        if current {
+            break;
+        }
+    }
     let built = build(bus, shared).await?;
     shared.lock().ready = true;
     info!(live = built, took = ?started.elapsed(), "sweep index built");
@@ -100,6 +140,7 @@ async fn follow_once(
             e = live.next() => on_live(bus, shared, next(e, "live turns")?).await,
             e = records.next() => on_record(shared, next(e, "turn records")?),
             e = claims.next() => on_claim(shared, next(e, "claims")?),
+            e = chats.next() => on_chat(shared, next(e, "chats")?),
         }
     }
 }
@@ -200,4 +241,20 @@ fn on_claim(shared: &Shared, entry: kv::Entry) {
     if let (Ok(turn), Ok(attempt)) = (TurnId::new(turn), attempt.parse::<u32>()) {
         shared.lock().index.claimed(turn, attempt, Instant::now());
     }
+}
+
+fn on_chat(shared: &Shared, entry: kv::Entry) {
+    let Ok(chat) = ChatId::new(entry.key.as_str()) else {
+        return;
+    };
+    let flag = (entry.operation == Operation::Put)
+        .then(|| decode_kv::<ChatRecord>(&entry.value).ok())
+        .flatten()
+        .and_then(|c| c.errored)
+        .map(|e| (e.at, e.cause));
+    let mut f = shared.lock();
+    match flag {
+        Some(flag) => f.errored.insert(chat, flag),
+        None => f.errored.remove(&chat),
+    };
 }

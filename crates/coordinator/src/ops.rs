@@ -66,6 +66,7 @@ pub async fn serve(
         subjects::OPS_CLEAR,
         subjects::OPS_RERUN,
         subjects::OPS_STATS,
+        subjects::OPS_STATUS,
     ] {
         let ep = service
             .endpoint_builder()
@@ -94,6 +95,10 @@ pub async fn serve(
                     subjects::OPS_STATS => {
                         serde_json::to_vec(&stats(&bus, &counters, &index).await)
                     }
+                    subjects::OPS_STATUS => match status(&bus, &index).await {
+                        Ok(cluster) => serde_json::to_vec(&cluster),
+                        Err(e) => Ok(error_body(&e.to_string())),
+                    },
                     _ => {
                         let answer = match decode::<OpsRequest>(
                             req.message.headers.as_ref(),
@@ -113,9 +118,7 @@ pub async fn serve(
                         serde_json::to_vec(&answer)
                     }
                 };
-                let body = body.unwrap_or_else(|e| {
-                    format!("{{\"ok\":false,\"message\":\"{e}\"}}").into_bytes()
-                });
+                let body = body.unwrap_or_else(|e| error_body(&e.to_string()));
                 if let Err(e) = req.respond(Ok(Bytes::from(body))).await {
                     warn!(error = %e, "could not answer an operator request");
                 }
@@ -278,6 +281,27 @@ async fn clear(
     } else {
         reply(false, format!("chat {chat} is not flagged"), None, None)
     })
+}
+
+/// An answer saying what went wrong (what a cluster view asked of the coordinators does not
+/// decode as, so it is read from the buckets instead).
+fn error_body(message: &str) -> Vec<u8> {
+    serde_json::json!({ "ok": false, "message": message })
+        .to_string()
+        .into_bytes()
+}
+
+/// The cluster at a glance, from the read model this coordinator keeps (the runners and the
+/// queue read now, one request each); read from the buckets until the model is built.
+async fn status(
+    bus: &Bus,
+    index: &crate::follow::Shared,
+) -> Result<turnpike_store::views::Cluster, BusError> {
+    let at = now();
+    match index.status() {
+        Some(s) => turnpike_store::views::assemble(bus, at, s.live, s.errored.into_iter()).await,
+        None => turnpike_store::views::read_cluster(bus, at).await,
+    }
 }
 
 /// The counters, and the live turns by state: from the index kept by watches once it is built

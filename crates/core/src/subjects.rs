@@ -84,6 +84,8 @@ pub const OPS_CLEAR: &str = "turnpike.ops.clear";
 pub const OPS_RERUN: &str = "turnpike.ops.rerun";
 /// A coordinator's counters.
 pub const OPS_STATS: &str = "turnpike.ops.stats";
+/// The cluster at a glance, from a coordinator's read model (kept by watches: no read per turn).
+pub const OPS_STATUS: &str = "turnpike.ops.status";
 /// The coordinators' NATS service name (`nats micro info`).
 pub const OPS_SERVICE: &str = "turnpike-coordinator";
 

@@ -23,7 +23,7 @@ const PASS_LIMIT: Duration = Duration::from_secs(10);
 
 /// The cluster at a glance: what `turnpike status`, the dashboard's overview and its gauges
 /// show.
-#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Cluster {
     /// Attempts waiting for a runner (the runners' consumer's pending count).
     pub queue_depth: u64,
@@ -51,13 +51,49 @@ impl Cluster {
     }
 }
 
-/// Read the whole [`Cluster`] view now.
+/// The whole [`Cluster`] view: asked of the coordinators, which keep it from watches and answer
+/// in a millisecond at any number of turns; read from the buckets when none answers (none is
+/// running, or only ones older than `turnpike.ops.status`).
 pub async fn cluster(bus: &Bus, now: Timestamp) -> Result<Cluster, BusError> {
+    match ask_cluster(bus).await {
+        Some(cluster) => Ok(cluster),
+        None => read_cluster(bus, now).await,
+    }
+}
+
+/// How long a coordinator is given to answer `turnpike.ops.status`.
+const ASK_LIMIT: Duration = Duration::from_secs(2);
+
+async fn ask_cluster(bus: &Bus) -> Option<Cluster> {
+    let asked = bus
+        .client
+        .request(subjects::OPS_STATUS, bytes::Bytes::new());
+    let answer = tokio::time::timeout(ASK_LIMIT, asked).await.ok()?.ok()?;
+    serde_json::from_slice(&answer.payload).ok()
+}
+
+/// Read the whole [`Cluster`] view from the buckets now: every live record and every chat
+/// record kept (what a coordinator does only until its own read model is built).
+pub async fn read_cluster(bus: &Bus, now: Timestamp) -> Result<Cluster, BusError> {
     let live = count_by_state(&live_turns(bus).await?);
+    let chats = chats(bus).await?;
+    let errored = chats
+        .iter()
+        .filter_map(|c| c.errored.as_ref())
+        .map(|e| (e.at, e.cause));
+    assemble(bus, now, live, errored).await
+}
+
+/// The [`Cluster`] view from what a read model keeps (the live turns by state, and when and why
+/// each errored chat was flagged), with the runners and the queue read now (one request each).
+pub async fn assemble(
+    bus: &Bus,
+    now: Timestamp,
+    live: Vec<(TurnState, u64)>,
+    errored: impl Iterator<Item = (Timestamp, Option<ChatErrorCause>)> + Clone,
+) -> Result<Cluster, BusError> {
     let runners = runners(bus).await?;
     let hour_ago = now.millis().saturating_sub(3_600_000);
-    let chats = chats(bus).await?;
-    let errored = chats.iter().filter_map(|c| c.errored.as_ref());
     Ok(Cluster {
         queue_depth: queue_depth(bus).await?,
         live,
@@ -66,7 +102,7 @@ pub async fn cluster(bus: &Bus, now: Timestamp) -> Result<Cluster, BusError> {
         slots_in_use: runners.iter().map(|r| r.slots_in_use).sum(),
         errored_chats: errored.clone().count(),
         gave_up_last_hour: errored
-            .filter(|e| e.at.millis() >= hour_ago && e.cause == Some(ChatErrorCause::GaveUp))
+            .filter(|(at, cause)| at.millis() >= hour_ago && *cause == Some(ChatErrorCause::GaveUp))
             .count(),
     })
 }
@@ -312,17 +348,30 @@ pub enum Watched {
 
 /// Follow every change of a bucket from now on.
 pub async fn watch(bus: &Bus, which: Watched) -> Result<kv::Watch, BusError> {
-    let (store, name) = match which {
+    let (store, name) = bucket(bus, which);
+    store
+        .watch_all()
+        .await
+        .map_err(|e| BusError::kv(format!("watch the {name} bucket"), e))
+}
+
+/// Follow every key of a bucket: each one's current value first, then every change.
+pub async fn watch_current(bus: &Bus, which: Watched) -> Result<kv::Watch, BusError> {
+    let (store, name) = bucket(bus, which);
+    store
+        .watch_with_history(">")
+        .await
+        .map_err(|e| BusError::kv(format!("watch the {name} bucket"), e))
+}
+
+fn bucket(bus: &Bus, which: Watched) -> (&kv::Store, &'static str) {
+    match which {
         Watched::Turns => (&bus.turns, subjects::BUCKET_TURNS),
         Watched::Live => (&bus.live, subjects::BUCKET_LIVE),
         Watched::Chats => (&bus.chats, subjects::BUCKET_CHATS),
         Watched::Runners => (&bus.runners, subjects::BUCKET_RUNNERS),
         Watched::Claims => (&bus.claims, subjects::BUCKET_CLAIMS),
-    };
-    store
-        .watch_all()
-        .await
-        .map_err(|e| BusError::kv(format!("watch the {name} bucket"), e))
+    }
 }
 
 /// Follow one turn's record from now on.

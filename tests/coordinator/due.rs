@@ -9,6 +9,7 @@ use super::*;
 use turnpike_coordinator::due::Timing;
 use turnpike_coordinator::follow;
 use turnpike_coordinator::sweep::Sweeper;
+use turnpike_core::wire::{ErroredChat, ErroredPage, ErroredQuery, LivePage, LiveQuery, LiveTurn};
 use turnpike_store::admission;
 use turnpike_store::outbox;
 use turnpike_testkit::eventually;
@@ -56,6 +57,19 @@ async fn flag(bus: &Bus, chat: &str) {
         .await
         .expect("flag");
 }
+
+/// Ask the coordinators' read model, as the operators' tools do (the query as JSON).
+async fn ask(bus: &Bus, subject: &'static str, query: Vec<u8>) -> serde_json::Value {
+    let answer = bus
+        .client
+        .request(subject, query.into())
+        .await
+        .expect("an answer");
+    serde_json::from_slice(&answer.payload).expect("JSON")
+}
+
+/// The sweep's pass in this test: a turn changed is looked at a pass after its change.
+const PASS: Duration = Duration::from_millis(200);
 
 async fn state(bus: &Bus, turn: &TurnId) -> TurnState {
     turnpike_store::turns::load(bus, turn)
@@ -110,7 +124,7 @@ async fn the_sweep_looks_at_what_is_due_not_at_what_is_live() {
 
     flag(&bus, "z").await;
 
-    let index = follow::Shared::new(Timing::new(config.heartbeat, config.lease));
+    let index = follow::Shared::new(Timing::new(PASS));
     let token = tokio_util::sync::CancellationToken::new();
     let follower = tokio::spawn(follow::follow(bus.clone(), index.clone(), token.clone()));
     eventually(T, "the index built", || async {
@@ -166,17 +180,65 @@ async fn the_sweep_looks_at_what_is_due_not_at_what_is_live() {
     assert_eq!((asked.errored_chats, asked.gave_up_last_hour), (2, 2));
     assert_eq!(asked.live_in(TurnState::Waiting), 20);
 
+    // The lists, asked of the coordinator, page what the stored records hold.
+    let records = turnpike_store::views::live_turns(&bus).await.expect("live");
+    let stored: Vec<LiveTurn> = records.iter().map(LiveTurn::of).collect();
+    for (state, offset, limit) in [
+        (None, 0, 10),
+        (None, 20, 10),
+        (Some(TurnState::Queued), 0, 5),
+    ] {
+        let query = LiveQuery {
+            v: 1,
+            state,
+            since: None,
+            offset,
+            limit,
+        };
+        let body = serde_json::to_vec(&query).expect("query");
+        let asked: LivePage =
+            serde_json::from_value(ask(&bus, subjects::OPS_LIVE, body).await).expect("a page");
+        assert_eq!(asked, LivePage::of(stored.iter(), &query), "{query:?}");
+    }
+    let flagged: Vec<ErroredChat> = turnpike_store::views::chats(&bus)
+        .await
+        .expect("chats")
+        .iter()
+        .filter_map(ErroredChat::of)
+        .collect();
+    let query = ErroredQuery {
+        v: 1,
+        since: None,
+        offset: 0,
+        limit: 10,
+    };
+    let body = serde_json::to_vec(&query).expect("query");
+    let asked: ErroredPage =
+        serde_json::from_value(ask(&bus, subjects::OPS_ERRORED, body).await).expect("a page");
+    assert_eq!(asked.total, 2);
+    assert_eq!(asked, ErroredPage::of(flagged.iter(), &query));
+
     let mut sweeper = Sweeper::default();
     // The first pass is a round: both queued turns are looked for in the queue at once; the one
-    // not found is looked at in full, and dispatched again. No waiting turn is looked at.
+    // not found is looked at in full at the next pass, and dispatched again. No waiting turn is
+    // looked at.
     let first = sweeper
         .pass_due(&bus, &config, &counters, &index)
         .await
         .expect("pass");
     assert_eq!(
         (first.live, first.looked_at, first.rescheduled),
-        (22, 2, 1),
+        (22, 2, 0),
         "{first:?}"
+    );
+    let second = sweeper
+        .pass_due(&bus, &config, &counters, &index)
+        .await
+        .expect("pass");
+    assert_eq!(
+        (second.live, second.looked_at, second.rescheduled),
+        (22, 1, 1),
+        "{second:?}"
     );
     let present = turnpike_store::work::queued_turns(&bus)
         .await
@@ -190,17 +252,26 @@ async fn the_sweep_looks_at_what_is_due_not_at_what_is_live() {
             .expect("pass");
         assert_eq!((again.looked_at, again.rescheduled), (0, 0), "{again:?}");
     }
-    // A turn created now is fresh: looked at, once the watch has brought it.
+    // A turn created now is looked at once, a pass after the watch has brought it (was its
+    // work item published?), then only in rounds.
     let fresh = create(&bus, "c", "c-0", 1).await;
     eventually(T, "the new turn in the index", || async {
         (index.lock().index.live() == 23).then_some(())
     })
     .await;
-    let next = sweeper
-        .pass_due(&bus, &config, &counters, &index)
-        .await
-        .expect("pass");
-    assert_eq!((next.live, next.looked_at), (23, 1), "{next:?}");
+    tokio::time::sleep(PASS).await;
+    let looks = [
+        sweeper.pass_due(&bus, &config, &counters, &index).await,
+        sweeper.pass_due(&bus, &config, &counters, &index).await,
+    ]
+    .map(|r| r.expect("pass"));
+    assert_eq!(
+        looks
+            .each_ref()
+            .map(|r| (r.live, r.looked_at, r.rescheduled)),
+        [(23, 1, 0), (23, 0, 0)],
+        "{looks:?}"
+    );
     assert_eq!(state(&bus, &fresh).await, TurnState::Queued);
     token.cancel();
     follower.await.expect("follower");

@@ -12,10 +12,13 @@ use futures::StreamExt;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
+use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 use turnpike_core::record::TurnState;
-use turnpike_core::wire::{ChatErrorCause, ChatRecord};
+use turnpike_core::wire::{
+    ChatErrorCause, ChatRecord, ErroredChat, ErroredPage, ErroredQuery, LivePage, LiveQuery,
+};
 use turnpike_core::{ChatId, Timestamp, TurnId, TurnRecord};
 use turnpike_jetstream::{decode_kv, BusError};
 use turnpike_store::turns::{self, ApplyError};
@@ -33,32 +36,102 @@ const CHATS_QUIET: Duration = Duration::from_millis(500);
 pub struct Followed {
     /// The index.
     pub index: DueIndex,
-    /// Chats flagged errored: when, and why.
-    pub errored: HashMap<ChatId, (Timestamp, Option<ChatErrorCause>)>,
+    /// Chats flagged errored, as the lists show them.
+    pub errored: HashMap<ChatId, ErroredChat>,
     /// Built, and followed since: passes and counts may rest on it.
     pub ready: bool,
+    /// Per followed bucket (live, turns, chats), the revision up to which every write is in
+    /// the model: what a view waits for, so it shows every write made before it was asked.
+    upto: [u64; 3],
+}
+
+/// The buckets whose revisions [`Followed`] tracks, in its order.
+const TRACKED: [Watched; 3] = [Watched::Live, Watched::Turns, Watched::Chats];
+
+fn tracked(which: Watched) -> Option<usize> {
+    TRACKED.iter().position(|w| *w == which)
+}
+
+impl Followed {
+    fn saw(&mut self, which: Watched, revision: u64) {
+        if let Some(i) = tracked(which) {
+            self.upto[i] = self.upto[i].max(revision);
+        }
+    }
 }
 
 /// The index, shared by the task that follows the watches and those that read it.
 #[derive(Debug, Clone)]
-pub struct Shared(Arc<Mutex<Followed>>);
+pub struct Shared(Arc<Inner>);
+
+#[derive(Debug)]
+struct Inner {
+    followed: Mutex<Followed>,
+    /// Told of every change followed.
+    moved: Notify,
+}
+
+/// How long a view waits for the model to catch up with the writes made before it was asked;
+/// past that it answers with what it has.
+const CATCH_UP: Duration = Duration::from_secs(1);
 
 impl Shared {
     /// An index not built yet.
     pub fn new(timing: Timing) -> Self {
-        Shared(Arc::new(Mutex::new(Followed {
-            index: DueIndex::new(timing),
-            errored: HashMap::new(),
-            ready: false,
-        })))
+        Shared(Arc::new(Inner {
+            followed: Mutex::new(Followed {
+                index: DueIndex::new(timing),
+                errored: HashMap::new(),
+                ready: false,
+                upto: [0; 3],
+            }),
+            moved: Notify::new(),
+        }))
     }
 
     /// The index, to read or move. A poisoned lock (a panic while it was held) is taken
     /// anyway: the index only ever says when to look, never what to decide.
     pub fn lock(&self) -> MutexGuard<'_, Followed> {
         self.0
+            .followed
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Wait (a second at most) until the model holds every write made to `buckets` before
+    /// this call, so that a view shows what its asker has just seen happen (a page re-drawn
+    /// because a bucket changed shows that change). `false` if it did not catch up in time.
+    pub async fn catch_up(&self, bus: &Bus, buckets: &[Watched]) -> bool {
+        if !self.lock().ready {
+            // Not built: the view is read from the buckets instead.
+            return false;
+        }
+        let mut wanted = Vec::with_capacity(buckets.len());
+        for which in buckets {
+            match (tracked(*which), views::revision(bus, *which).await) {
+                (Some(i), Ok(revision)) => wanted.push((i, revision)),
+                _ => return false,
+            }
+        }
+        let deadline = tokio::time::Instant::now() + CATCH_UP;
+        loop {
+            let moved = self.0.moved.notified();
+            {
+                let f = self.lock();
+                if f.ready && wanted.iter().all(|(i, r)| f.upto[*i] >= *r) {
+                    return true;
+                }
+            }
+            if tokio::time::timeout_at(deadline, moved).await.is_err() {
+                let upto = self.lock().upto;
+                tracing::debug!(?wanted, ?upto, "the read model did not catch up in time");
+                return false;
+            }
+        }
+    }
+
+    fn moved(&self) {
+        self.0.moved.notify_waiters();
     }
 
     /// Live turns by state, if the index is whole.
@@ -73,8 +146,28 @@ impl Shared {
         let f = self.lock();
         f.ready.then(|| Status {
             live: f.index.count_by_state(),
-            errored: f.errored.values().copied().collect(),
+            errored: f
+                .errored
+                .values()
+                .map(|c| (c.error.at, c.error.cause))
+                .collect(),
         })
+    }
+
+    /// A page of the live turns, if the index is whole.
+    pub fn live_page(&self, query: &LiveQuery) -> Option<LivePage> {
+        let f = self.lock();
+        f.ready.then(|| f.index.live_page(query))
+    }
+
+    /// A page of the errored chats, most recently flagged first (then by chat), if the model
+    /// is whole.
+    pub fn errored_page(&self, query: &ErroredQuery) -> Option<ErroredPage> {
+        let f = self.lock();
+        if !f.ready {
+            return None;
+        }
+        Some(ErroredPage::of(f.errored.values(), query))
     }
 }
 
@@ -96,6 +189,7 @@ pub async fn follow(bus: Bus, shared: Shared, shutdown: CancellationToken) {
             f.ready = false;
             f.index.clear();
             f.errored.clear();
+            f.upto = [0; 3];
         }
         match followed {
             Ok(()) => return,
@@ -120,6 +214,13 @@ async fn follow_once(
     let mut records = views::watch(bus, Watched::Turns).await?;
     let mut claims = views::watch(bus, Watched::Claims).await?;
     let mut chats = views::watch_current(bus, Watched::Chats).await?;
+    // Read after the watches started: every write up to here is in what the build reads (or
+    // the chats' current values), every later one comes through a watch. (Read before them, a
+    // write in between would be in the model but never counted: views would wait for it.)
+    let mut baseline = [0; 3];
+    for (i, which) in TRACKED.iter().enumerate() {
+        baseline[i] = views::revision(bus, *which).await?;
+    }
     let started = Instant::now();
     // The chats' current values first. An empty bucket sends none: a moment's quiet ends it
     // (at worst the errored count lags for a moment; nothing is decided on it).
@@ -132,7 +233,14 @@ async fn follow_once(
         }
     }
     let built = build(bus, shared).await?;
-    shared.lock().ready = true;
+    {
+        let mut f = shared.lock();
+        for (i, which) in TRACKED.iter().enumerate() {
+            f.saw(*which, baseline[i]);
+        }
+        f.ready = true;
+    }
+    shared.moved();
     info!(live = built, took = ?started.elapsed(), "sweep index built");
     loop {
         tokio::select! {
@@ -200,34 +308,43 @@ async fn build(bus: &Bus, shared: &Shared) -> Result<usize, BusError> {
 
 async fn on_live(bus: &Bus, shared: &Shared, entry: kv::Entry) {
     let Ok(turn) = TurnId::new(entry.key.as_str()) else {
+        shared.lock().saw(Watched::Live, entry.revision);
         let _ = turnpike_store::live::drop_key(bus, &entry.key).await;
         return;
     };
-    let mut f = shared.lock();
-    match entry.operation {
-        Operation::Put => f.index.listed(turn, Instant::now()),
-        Operation::Delete | Operation::Purge => f.index.unlisted(&turn),
+    {
+        let mut f = shared.lock();
+        match entry.operation {
+            Operation::Put => f.index.listed(turn, Instant::now()),
+            Operation::Delete | Operation::Purge => f.index.unlisted(&turn),
+        }
+        f.saw(Watched::Live, entry.revision);
     }
+    shared.moved();
 }
 
 fn on_record(shared: &Shared, entry: kv::Entry) {
-    let Ok(turn) = TurnId::new(entry.key.as_str()) else {
-        return;
-    };
-    if entry.operation != Operation::Put || entry.value.is_empty() {
-        shared.lock().index.forgotten(&turn);
-        return;
-    }
-    match decode_kv::<TurnRecord>(&entry.value) {
-        Ok(record) => {
-            shared
-                .lock()
-                .index
-                .record(turn, Seen::of(&record, entry.revision), Instant::now())
+    let seen = TurnId::new(entry.key.as_str()).ok().map(|turn| {
+        let record = (entry.operation == Operation::Put && !entry.value.is_empty())
+            .then(|| decode_kv::<TurnRecord>(&entry.value).ok())
+            .flatten();
+        (turn, record)
+    });
+    {
+        let mut f = shared.lock();
+        match seen {
+            Some((turn, Some(record))) => {
+                f.index
+                    .record(turn, Seen::of(&record, entry.revision), Instant::now())
+            }
+            // Deleted, or not decodable: as if unseen, so it is looked at every pass (the
+            // sweep reports what is wrong with it).
+            Some((turn, None)) => f.index.forgotten(&turn),
+            None => {}
         }
-        // Not decodable: as if unseen, so it is looked at every pass (the sweep reports it).
-        Err(_) => shared.lock().index.forgotten(&turn),
+        f.saw(Watched::Turns, entry.revision);
     }
+    shared.moved();
 }
 
 fn on_claim(shared: &Shared, entry: kv::Entry) {
@@ -244,17 +361,23 @@ fn on_claim(shared: &Shared, entry: kv::Entry) {
 }
 
 fn on_chat(shared: &Shared, entry: kv::Entry) {
-    let Ok(chat) = ChatId::new(entry.key.as_str()) else {
-        return;
-    };
+    let chat = ChatId::new(entry.key.as_str()).ok();
     let flag = (entry.operation == Operation::Put)
         .then(|| decode_kv::<ChatRecord>(&entry.value).ok())
         .flatten()
-        .and_then(|c| c.errored)
-        .map(|e| (e.at, e.cause));
-    let mut f = shared.lock();
-    match flag {
-        Some(flag) => f.errored.insert(chat, flag),
-        None => f.errored.remove(&chat),
-    };
+        .and_then(|c| ErroredChat::of(&c));
+    {
+        let mut f = shared.lock();
+        match (chat, flag) {
+            (Some(chat), Some(flag)) => {
+                f.errored.insert(chat, flag);
+            }
+            (Some(chat), None) => {
+                f.errored.remove(&chat);
+            }
+            (None, _) => {}
+        }
+        f.saw(Watched::Chats, entry.revision);
+    }
+    shared.moved();
 }

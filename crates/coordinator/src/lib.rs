@@ -118,7 +118,7 @@ impl Coordinator {
         };
         info!("coordinator started");
         // What the sweep must look at, and the live turns' counts, kept from watches.
-        let index = follow::Shared::new(due::Timing::new(self.config.heartbeat, self.config.lease));
+        let index = follow::Shared::new(due::Timing::new(self.config.heartbeat));
         let follower = tokio::spawn(follow::follow(
             Bus::clone(&self.bus),
             index.clone(),

@@ -14,12 +14,15 @@ use tracing::{info, warn};
 use turnpike_config::Config;
 use turnpike_core::lifecycle::{self, Event, NewTurn, Unchanged};
 use turnpike_core::subjects;
-use turnpike_core::wire::{OperatorAction, OpsReply, OpsRequest, OpsStats};
+use turnpike_core::wire::{
+    ErroredQuery, LiveQuery, OperatorAction, OpsReply, OpsRequest, OpsStats,
+};
 use turnpike_core::{TurnId, FORMAT_VERSION};
 use turnpike_jetstream::{decode, now, BusError};
 use turnpike_store::admission;
 use turnpike_store::outbox;
 use turnpike_store::turns::{self, Applied, ApplyError};
+use turnpike_store::views::Watched;
 use turnpike_store::Bus;
 
 fn reply(
@@ -67,6 +70,8 @@ pub async fn serve(
         subjects::OPS_RERUN,
         subjects::OPS_STATS,
         subjects::OPS_STATUS,
+        subjects::OPS_LIVE,
+        subjects::OPS_ERRORED,
     ] {
         let ep = service
             .endpoint_builder()
@@ -91,6 +96,19 @@ pub async fn serve(
                     _ = token.cancelled() => break,
                     r = ep.next() => match r { Some(r) => r, None => break },
                 };
+                // A view shows every write made before it was asked (a page re-drawn because
+                // a bucket changed shows that change).
+                let read = match subject {
+                    subjects::OPS_STATS | subjects::OPS_LIVE => {
+                        &[Watched::Live, Watched::Turns][..]
+                    }
+                    subjects::OPS_STATUS => &[Watched::Live, Watched::Turns, Watched::Chats][..],
+                    subjects::OPS_ERRORED => &[Watched::Chats][..],
+                    _ => &[][..],
+                };
+                if !read.is_empty() {
+                    index.catch_up(&bus, read).await;
+                }
                 let body = match subject {
                     subjects::OPS_STATS => {
                         serde_json::to_vec(&stats(&bus, &counters, &index).await)
@@ -99,6 +117,9 @@ pub async fn serve(
                         Ok(cluster) => serde_json::to_vec(&cluster),
                         Err(e) => Ok(error_body(&e.to_string())),
                     },
+                    subjects::OPS_LIVE | subjects::OPS_ERRORED => {
+                        Ok(page(subject, &index, &req.message))
+                    }
                     _ => {
                         let answer = match decode::<OpsRequest>(
                             req.message.headers.as_ref(),
@@ -281,6 +302,35 @@ async fn clear(
     } else {
         reply(false, format!("chat {chat} is not flagged"), None, None)
     })
+}
+
+/// Most an answer's page holds, whatever is asked: an answer stays far below NATS's message
+/// size.
+const PAGE_LIMIT: usize = 500;
+
+/// A page of the live turns or the errored chats from the read model; an answer saying why not
+/// (a bad query, or the model not built yet: the asker reads the buckets instead).
+fn page(subject: &str, index: &crate::follow::Shared, msg: &async_nats::Message) -> Vec<u8> {
+    let headers = msg.headers.as_ref();
+    let answer = match subject {
+        subjects::OPS_LIVE => decode::<LiveQuery>(headers, &msg.payload).map(|mut q| {
+            q.limit = q.limit.min(PAGE_LIMIT);
+            index.live_page(&q).map(|p| serde_json::to_vec(&p))
+        }),
+        _ => decode::<ErroredQuery>(headers, &msg.payload).map(|mut q| {
+            q.limit = q.limit.min(PAGE_LIMIT);
+            index.errored_page(&q).map(|p| serde_json::to_vec(&p))
+        }),
+    };
+    match answer {
+        Ok(Some(Ok(body))) => body,
+        Ok(Some(Err(e))) => error_body(&e.to_string()),
+        Ok(None) => error_body("this coordinator's read model is not built yet"),
+        Err(e) => error_body(&format!(
+            "bad query: {}",
+            turnpike_core::sizes::quote(&e.to_string())
+        )),
+    }
 }
 
 /// An answer saying what went wrong (what a cluster view asked of the coordinators does not

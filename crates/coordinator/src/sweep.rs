@@ -100,8 +100,9 @@ impl Sweeper {
         let Some((due, live)) = planned else {
             return self.pass(bus, config, counters).await;
         };
-        let mut full = due.full;
-        let mut on_their_way = Vec::new();
+        let full = due.full;
+        let (mut on_their_way, mut missing) = (Vec::new(), Vec::new());
+        let looked_for = due.queued.len();
         if !due.queued.is_empty() {
             match turnpike_store::work::queued_turns(bus).await {
                 Ok(found) => {
@@ -109,20 +110,26 @@ impl Sweeper {
                         if found.contains(&q.turn) {
                             on_their_way.push(q);
                         } else {
-                            full.push(q.turn);
+                            missing.push(q.turn);
                         }
                     }
                 }
-                // The round is looked at again in a round; what else is due is not held up.
+                // The round is taken again at the next pass; what else is due is not held up.
                 Err(e) => {
-                    warn!(error = %e, queued = due.queued.len(), "could not list the work queue")
+                    warn!(error = %e, queued = due.queued.len(), "could not list the work queue");
+                    index.lock().index.round_again();
                 }
             }
+        }
+        // Not in the queue: looked at in full from the next pass, a pass's worth at a time (a
+        // purge of the whole queue must not make one pass of every queued turn).
+        if !missing.is_empty() {
+            index.lock().index.look_again(&missing, Instant::now());
         }
         let keys = full.iter().map(|t| t.as_str().to_owned()).collect();
         let mut report = self.pass_over(bus, config, counters, keys).await?;
         report.live = live;
-        report.looked_at = full.len() + on_their_way.len();
+        report.looked_at = full.len() + looked_for;
         for q in on_their_way {
             let waited = now().since(q.since);
             if waited > QUEUED_LONG {

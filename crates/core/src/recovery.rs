@@ -54,16 +54,21 @@ pub fn plan(record: &TurnRecord, outbox_stale: bool) -> (Vec<Effect>, Plan) {
         _ => Plan::Nothing,
     };
     let leftovers = if outbox_stale && plan != Plan::Finish {
-        record
-            .outbox
-            .iter()
-            .filter(|e| !matches!(e, Effect::DispatchAttempt { .. }))
-            .cloned()
-            .collect()
+        leftovers(record).cloned().collect()
     } else {
         Vec::new()
     };
     (leftovers, plan)
+}
+
+/// The effects of a turn's outbox that a sweep carries out again once the record is stale: all
+/// but the dispatch (which is checked against the work queue instead). The outbox keeps the
+/// effects of the turn's last change after they are carried out (they are idempotent).
+pub fn leftovers(record: &TurnRecord) -> impl Iterator<Item = &Effect> {
+    record
+        .outbox
+        .iter()
+        .filter(|e| !matches!(e, Effect::DispatchAttempt { .. }))
 }
 
 /// Who holds an attempt's claim, as the claims bucket says.

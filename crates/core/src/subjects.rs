@@ -86,6 +86,10 @@ pub const OPS_RERUN: &str = "turnpike.ops.rerun";
 pub const OPS_STATS: &str = "turnpike.ops.stats";
 /// The cluster at a glance, from a coordinator's read model (kept by watches: no read per turn).
 pub const OPS_STATUS: &str = "turnpike.ops.status";
+/// A page of the live turns, from a coordinator's read model.
+pub const OPS_LIVE: &str = "turnpike.ops.live";
+/// A page of the chats flagged errored, from a coordinator's read model.
+pub const OPS_ERRORED: &str = "turnpike.ops.errored";
 /// The coordinators' NATS service name (`nats micro info`).
 pub const OPS_SERVICE: &str = "turnpike-coordinator";
 

@@ -2,8 +2,8 @@
 //! markup. Pages are pure functions of what was read, so they are tested without a server.
 
 use maud::{html, Markup, DOCTYPE};
-use turnpike_core::record::{AttemptRecord, TurnState};
-use turnpike_core::wire::{ChatRecord, RunnerPresence};
+use turnpike_core::record::TurnState;
+use turnpike_core::wire::{ChatRecord, ErroredChat, LiveTurn, RunnerPresence};
 use turnpike_core::{Timestamp, TurnId, TurnRecord};
 
 use turnpike_core::wire::CountersSnapshot;

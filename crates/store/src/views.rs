@@ -8,7 +8,10 @@ use futures::StreamExt;
 use std::collections::BTreeMap;
 use std::time::Duration;
 use turnpike_core::record::TurnState;
-use turnpike_core::wire::{ChatErrorCause, ChatRecord, InboundMessage, RunnerPresence, Versioned};
+use turnpike_core::wire::{
+    ChatErrorCause, ChatRecord, ErroredChat, ErroredPage, ErroredQuery, InboundMessage, LivePage,
+    LiveQuery, LiveTurn, RunnerPresence, Versioned,
+};
 use turnpike_core::{subjects, ChatId, Timestamp, TurnId, TurnRecord};
 use turnpike_jetstream::{decode, decode_kv, BusError};
 
@@ -65,11 +68,50 @@ pub async fn cluster(bus: &Bus, now: Timestamp) -> Result<Cluster, BusError> {
 const ASK_LIMIT: Duration = Duration::from_secs(2);
 
 async fn ask_cluster(bus: &Bus) -> Option<Cluster> {
-    let asked = bus
-        .client
-        .request(subjects::OPS_STATUS, bytes::Bytes::new());
+    ask(bus, subjects::OPS_STATUS, bytes::Bytes::new()).await
+}
+
+/// Ask the coordinators' read model; `None` if none answers in time, or the answer is not one
+/// (an older coordinator, a model not built yet): the caller reads the buckets instead.
+async fn ask<A: serde::de::DeserializeOwned>(
+    bus: &Bus,
+    subject: &'static str,
+    body: bytes::Bytes,
+) -> Option<A> {
+    let asked = bus.client.request(subject, body);
     let answer = tokio::time::timeout(ASK_LIMIT, asked).await.ok()?.ok()?;
     serde_json::from_slice(&answer.payload).ok()
+}
+
+/// A page of the live turns, newest first: asked of the coordinators' read model; read from
+/// the buckets (every live record) when none answers.
+pub async fn live_page(bus: &Bus, query: &LiveQuery) -> Result<LivePage, BusError> {
+    let body = serde_json::to_vec(query).map_err(|e| BusError::kv("encode a live query", e))?;
+    if let Some(page) = ask(bus, subjects::OPS_LIVE, body.into()).await {
+        return Ok(page);
+    }
+    let live: Vec<LiveTurn> = live_turns(bus)
+        .await?
+        .iter()
+        .filter(|r| !r.state.is_terminal())
+        .map(LiveTurn::of)
+        .collect();
+    Ok(LivePage::of(live.iter(), query))
+}
+
+/// A page of the chats flagged errored, most recently flagged first: asked of the coordinators'
+/// read model; read from the buckets (every chat record) when none answers.
+pub async fn errored_page(bus: &Bus, query: &ErroredQuery) -> Result<ErroredPage, BusError> {
+    let body = serde_json::to_vec(query).map_err(|e| BusError::kv("encode an errored query", e))?;
+    if let Some(page) = ask(bus, subjects::OPS_ERRORED, body.into()).await {
+        return Ok(page);
+    }
+    let flagged: Vec<ErroredChat> = chats(bus)
+        .await?
+        .iter()
+        .filter_map(ErroredChat::of)
+        .collect();
+    Ok(ErroredPage::of(flagged.iter(), query))
 }
 
 /// Read the whole [`Cluster`] view from the buckets now: every live record and every chat
@@ -372,6 +414,18 @@ fn bucket(bus: &Bus, which: Watched) -> (&kv::Store, &'static str) {
         Watched::Runners => (&bus.runners, subjects::BUCKET_RUNNERS),
         Watched::Claims => (&bus.claims, subjects::BUCKET_CLAIMS),
     }
+}
+
+/// The bucket's revision now: the sequence of the last write to it (of any key). A watch that
+/// has delivered this revision has seen every write made before this call.
+pub async fn revision(bus: &Bus, which: Watched) -> Result<u64, BusError> {
+    let (_, name) = bucket(bus, which);
+    let stream = bus
+        .js
+        .get_stream(format!("KV_{name}"))
+        .await
+        .map_err(|e| BusError::kv(format!("read the {name} bucket's revision"), e))?;
+    Ok(stream.cached_info().state.last_sequence)
 }
 
 /// Follow one turn's record from now on.

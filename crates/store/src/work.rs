@@ -30,7 +30,7 @@ pub async fn on_its_way(
 ) -> Result<OnItsWay, BusError> {
     let stream = bus
         .js
-        .get_stream(subjects::STREAM_WORK)
+        .get_stream_no_info(subjects::STREAM_WORK)
         .await
         .map_err(|e| BusError::kv("open work stream", e))?;
     let scheduled = retry
@@ -57,7 +57,7 @@ pub async fn on_its_way(
 pub async fn queued_turns(bus: &Bus) -> Result<HashSet<TurnId>, BusError> {
     let stream = bus
         .js
-        .get_stream(subjects::STREAM_WORK)
+        .get_stream_no_info(subjects::STREAM_WORK)
         .await
         .map_err(|e| BusError::kv("open work stream", e))?;
     let mut listing = stream
@@ -84,7 +84,7 @@ pub async fn queued_turns(bus: &Bus) -> Result<HashSet<TurnId>, BusError> {
 /// Is the attempt's exit, as its claimant reported it, already in the events stream (waiting
 /// to be applied)? `false` when it cannot be read.
 pub async fn exit_reported(bus: &Bus, turn: &TurnId, attempt: u32, runner: &RunnerId) -> bool {
-    let Ok(stream) = bus.js.get_stream(subjects::STREAM_EVENTS).await else {
+    let Ok(stream) = bus.js.get_stream_no_info(subjects::STREAM_EVENTS).await else {
         return false;
     };
     let Ok(last) = stream

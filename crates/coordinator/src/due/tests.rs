@@ -2,10 +2,8 @@ use super::*;
 use proptest::prelude::*;
 
 const PASS: Duration = Duration::from_secs(5);
-const LEASE: Duration = Duration::from_secs(15);
-
 fn timing() -> Timing {
-    Timing::new(PASS, LEASE)
+    Timing::new(PASS)
 }
 
 fn turn(n: usize) -> TurnId {
@@ -13,13 +11,31 @@ fn turn(n: usize) -> TurnId {
 }
 
 fn seen(revision: u64, state: TurnState, attempt: u32) -> Seen {
+    seen_with(revision, state, attempt, None, false)
+}
+
+fn seen_with(
+    revision: u64,
+    state: TurnState,
+    attempt: u32,
+    due: Option<Timestamp>,
+    owes: bool,
+) -> Seen {
     Seen {
         revision,
-        state,
-        attempt,
-        due: None,
         updated_at: Timestamp::from_millis(1_000),
-        owes: false,
+        owes,
+        live: LiveTurn {
+            turn: turn(0),
+            chat: turnpike_core::ChatId::new("c").expect("chat"),
+            state,
+            attempt,
+            max_attempts: 4,
+            runner: None,
+            started_at: None,
+            next_attempt_due: due,
+            created_at: Timestamp::from_millis(revision),
+        },
     }
 }
 
@@ -60,18 +76,23 @@ fn listed_as(index: &mut DueIndex, n: usize, s: Seen, clock: &Clock) {
 }
 
 #[test]
-fn a_fresh_change_is_looked_at_every_pass_then_only_as_its_state_asks() {
+fn a_change_is_looked_at_once_a_pass_later_then_as_its_state_asks() {
     let mut clock = Clock::new();
     let mut index = DueIndex::new(timing());
     listed_as(&mut index, 1, seen(1, TurnState::Waiting, 1), &clock);
-    // Fresh for lease + heartbeat: four passes at 0, 5, 10, 15 s.
-    let fresh: Vec<bool> = (0..6)
-        .map(|_| clock.pass(&mut index).full.contains(&turn(1)))
-        .collect();
-    assert_eq!(fresh, [true, true, true, true, false, false]);
-    // A waiting turn owing nothing is never looked at again.
+    listed_as(&mut index, 2, seen(1, TurnState::Queued, 1), &clock);
+    let passes: Vec<Due> = (0..4).map(|_| clock.pass(&mut index)).collect();
+    // At 0 s too young; at 5 s looked at in full (was its work item published?); from then on
+    // a queued first attempt is looked for in rounds, the first at once.
+    assert_eq!(passes[0], Due::default());
+    assert_eq!(passes[1].full, vec![turn(2)]);
+    assert!(passes[1].queued.is_empty());
+    assert!(passes[2].full.is_empty());
+    assert_eq!(passes[2].queued.len(), 1);
+    assert_eq!(passes[3], Due::default());
+    // A waiting turn owing nothing is never looked at.
     for _ in 0..100 {
-        assert_eq!(clock.pass(&mut index), Due::default());
+        assert!(clock.pass(&mut index).full.is_empty());
     }
 }
 
@@ -148,10 +169,7 @@ fn a_pending_retry_is_looked_at_from_a_pass_after_its_due_time_backing_off() {
     index.listed(turn(1), clock.now());
     index.loaded(
         turn(1),
-        Seen {
-            due: Some(wall(due_at)),
-            ..seen(1, TurnState::PendingRetry, 2)
-        },
+        seen_with(1, TurnState::PendingRetry, 2, Some(wall(due_at)), false),
         clock.now(),
     );
     let mut looked = Vec::new();
@@ -173,10 +191,7 @@ fn a_turn_owing_effects_backs_off_and_a_change_starts_it_over() {
     index.listed(turn(1), clock.now());
     index.loaded(
         turn(1),
-        Seen {
-            owes: true,
-            ..seen(1, TurnState::Waiting, 1)
-        },
+        seen_with(1, TurnState::Waiting, 1, None, true),
         clock.now(),
     );
     let mut looked = Vec::new();
@@ -191,14 +206,11 @@ fn a_turn_owing_effects_backs_off_and_a_change_starts_it_over() {
     index.record(turn(1), seen(3, TurnState::Waiting, 1), clock.now());
     index.record(
         turn(1),
-        Seen {
-            owes: true,
-            ..seen(2, TurnState::Waiting, 1)
-        },
+        seen_with(2, TurnState::Waiting, 1, None, true),
         clock.now(),
     );
-    let fresh: usize = (0..8).map(|_| clock.pass(&mut index).full.len()).sum();
-    assert_eq!(fresh, 4, "fresh for lease + heartbeat, then owing nothing");
+    let after: usize = (0..8).map(|_| clock.pass(&mut index).full.len()).sum();
+    assert_eq!(after, 0, "owing nothing now: never looked at");
 }
 
 #[test]
@@ -280,9 +292,10 @@ fn planted() -> impl Strategy<Value = Planted> {
 proptest! {
     /// Whatever the live turns, over passes every heartbeat: a running attempt, a claimed owed
     /// one, an ended turn still listed and a listed turn with no record are looked at in full at
-    /// every pass; every other turn that may need anything is looked at (in full, or in the work
-    /// queue) at least once a round and a pass (once its retry is due); a waiting turn owing
-    /// nothing, once no longer fresh, never; no turn both ways in one pass.
+    /// every pass; a change seen happen to a turn owing something, in full a pass later; every
+    /// other turn that may need anything is looked at (in full, or in the work queue) at least
+    /// once a round and a pass (once its retry is due); a waiting turn owing nothing never; no
+    /// turn both ways in one pass.
     #[test]
     fn every_turn_is_looked_at_as_often_as_its_state_needs(
         turns in proptest::collection::vec(planted(), 1..40)
@@ -297,11 +310,13 @@ proptest! {
             if !p.recorded {
                 continue;
             }
-            let s = Seen {
-                due: p.due_in.map(|d| wall(Duration::from_secs(d))),
-                owes: p.owes,
-                ..seen(1, p.state, p.attempt)
-            };
+            let s = seen_with(
+                1,
+                p.state,
+                p.attempt,
+                p.due_in.map(|d| wall(Duration::from_secs(d))),
+                p.owes,
+            );
             if p.loaded {
                 index.loaded(turn(n), s, clock.now());
             } else {
@@ -327,9 +342,12 @@ proptest! {
                 if every_pass {
                     prop_assert!(full, "turn {n} ({p:?}) not looked at at {at:?}");
                 }
-                let fresh = !p.loaded && at < timing().fresh;
-                if !every_pass && !fresh && !owed && !p.owes {
+                if !every_pass && !owed && !p.owes {
                     prop_assert!(!full && !queued, "turn {n} ({p:?}) looked at at {at:?}");
+                }
+                // A change this coordinator saw is looked at in full a pass later.
+                if p.recorded && !p.loaded && (owed || p.owes) && at == PASS {
+                    prop_assert!(full, "turn {n} ({p:?}) not looked at a pass after its change");
                 }
                 if full || queued {
                     last[n] = Some(at);
@@ -345,4 +363,122 @@ proptest! {
             }
         }
     }
+}
+
+#[test]
+fn a_dispatch_left_in_the_outbox_is_not_owed_another_effect_is() {
+    use turnpike_core::lifecycle::{admitted_at_creation, create, Effect, NewTurn};
+    use turnpike_core::ChatId;
+    let chat = ChatId::new("c").expect("chat");
+    let (waiting, _) = create(
+        NewTurn {
+            turn: turn(1),
+            message: turnpike_core::wire::InboundMessage::new(chat, "m".to_owned(), "hi", None),
+            history: Vec::new(),
+            max_turn_retry: 3,
+            retry_delay: Duration::from_secs(10),
+            rerun_of: None,
+            created_by: None,
+            admit_now: false,
+        },
+        Timestamp::from_millis(0),
+    );
+    // Admitted as the store writes it: queued, its dispatch in the outbox (kept there once
+    // carried out).
+    let mut record = admitted_at_creation(&waiting, Vec::new());
+    assert_eq!(record.state, TurnState::Queued);
+    assert!(record
+        .outbox
+        .iter()
+        .any(|e| matches!(e, Effect::DispatchAttempt { .. })));
+    let seen = Seen::of(&record, 7);
+    assert_eq!((seen.revision, seen.live.attempt, seen.owes), (7, 1, false));
+    assert_eq!(seen.live, LiveTurn::of(&record));
+    record.outbox.push(Effect::ForwardKill { attempt: 1 });
+    assert!(Seen::of(&record, 8).owes);
+}
+
+#[test]
+fn the_live_list_is_paged_newest_first_and_filtered() {
+    let clock = Clock::new();
+    let mut index = DueIndex::new(timing());
+    for n in 1..=7 {
+        let state = if n % 2 == 0 {
+            TurnState::Running
+        } else {
+            TurnState::Waiting
+        };
+        let mut s = seen(n as u64, state, 1);
+        s.live.turn = turn(n);
+        index.listed(turn(n), clock.now());
+        index.record(turn(n), s, clock.now());
+    }
+    // Not listed: not live.
+    index.record(turn(8), seen(8, TurnState::Running, 1), clock.now());
+    let query = |state, since, offset, limit| LiveQuery {
+        v: 1,
+        state,
+        since,
+        offset,
+        limit,
+    };
+    let ids = |p: LivePage| -> (usize, Vec<String>) {
+        (
+            p.total,
+            p.turns.iter().map(|t| t.turn.as_str().to_owned()).collect(),
+        )
+    };
+    assert_eq!(
+        ids(index.live_page(&query(None, None, 0, 3))),
+        (7, vec!["t-7".into(), "t-6".into(), "t-5".into()])
+    );
+    assert_eq!(
+        ids(index.live_page(&query(None, None, 6, 3))),
+        (7, vec!["t-1".into()])
+    );
+    assert_eq!(
+        ids(index.live_page(&query(Some(TurnState::Running), None, 0, 10))),
+        (3, vec!["t-6".into(), "t-4".into(), "t-2".into()])
+    );
+    assert_eq!(
+        ids(index.live_page(&query(None, Some(Timestamp::from_millis(5)), 0, 10))),
+        (3, vec!["t-7".into(), "t-6".into(), "t-5".into()])
+    );
+}
+
+#[test]
+fn rounds_come_further_apart_as_the_queue_grows() {
+    let mut clock = Clock::new();
+    let mut index = DueIndex::new(timing());
+    // 24,000 queued first attempts: a round every 24,000 × 5 ms = 2 minutes.
+    for n in 0..24_000 {
+        index.listed(turn(n), clock.now());
+        index.loaded(turn(n), seen(1, TurnState::Queued, 1), clock.now());
+    }
+    let mut rounds = Vec::new();
+    for _ in 0..60 {
+        let at = clock.at;
+        if !clock.pass(&mut index).queued.is_empty() {
+            rounds.push(at.as_secs());
+        }
+    }
+    assert_eq!(rounds, [0, 120, 240]);
+}
+
+#[test]
+fn a_burst_is_looked_at_a_passs_worth_at_a_time_after_what_is_due_every_pass() {
+    let mut clock = Clock::new();
+    let mut index = DueIndex::new(timing());
+    listed_as(&mut index, 0, seen(1, TurnState::Running, 1), &clock);
+    for n in 1..=5_000 {
+        listed_as(&mut index, n, seen(1, TurnState::Queued, 1), &clock);
+    }
+    let full: Vec<usize> = (0..5).map(|_| clock.pass(&mut index).full.len()).collect();
+    // At 0 s only the running one; then 2,000 of the new ones a pass, and the running one.
+    assert_eq!(full, [1, 1 + PER_PASS, 1 + PER_PASS, 1 + 1_000, 1]);
+    // A round that did not find them in the queue: looked at in full again, the same way.
+    let missing: Vec<TurnId> = (1..=3_000).map(turn).collect();
+    index.look_again(&missing, clock.now());
+    let full: Vec<usize> = (0..3).map(|_| clock.pass(&mut index).full.len()).collect();
+    assert_eq!(full, [1 + PER_PASS, 1 + 1_000, 1]);
 }

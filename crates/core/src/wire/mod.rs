@@ -5,6 +5,7 @@
 //! in any language; `docs/protocol.md` documents it field by field.
 
 use crate::ids::{ChatId, RunnerId, TurnId};
+use crate::record::TurnState;
 use crate::time::Timestamp;
 use crate::FORMAT_VERSION;
 use serde::{Deserialize, Serialize};
@@ -24,7 +25,8 @@ pub use chat::{
 };
 pub use fence::{FenceHolder, FenceMarker};
 pub use ops::{
-    CountersSnapshot, KillRequest, OperatorAction, OpsReply, OpsRequest, OpsStats, TurnCounts,
+    CountersSnapshot, ErroredChat, ErroredPage, ErroredQuery, KillRequest, LivePage, LiveQuery,
+    LiveTurn, OperatorAction, OpsReply, OpsRequest, OpsStats, TurnCounts,
 };
 
 fn v1() -> u16 {
@@ -61,6 +63,10 @@ versioned!(
     ChatRecord,
     ClaimRecord,
     RunnerPresence,
+    LiveQuery,
+    LivePage,
+    ErroredQuery,
+    ErroredPage,
 );
 
 impl Versioned for AgentInput {

@@ -231,3 +231,184 @@ impl KillRequest {
             .is_none_or(|a| a == attempt)
     }
 }
+
+/// A `turnpike.ops.live` request: one page of the live turns, newest first, as the
+/// coordinators' read model holds them (no record read per turn).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LiveQuery {
+    /// Format version (`v`) of this payload; absent means 1 (docs/protocol.md).
+    #[serde(default = "v1")]
+    pub v: u16,
+    /// Only turns in this state.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state: Option<TurnState>,
+    /// Only turns created at or after this time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub since: Option<Timestamp>,
+    /// Turns to skip (of those that match, newest first).
+    #[serde(default)]
+    pub offset: usize,
+    /// Turns to answer with, at most.
+    pub limit: usize,
+}
+
+/// A live turn as the operators' lists show it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LiveTurn {
+    /// The turn.
+    pub turn: TurnId,
+    /// Its chat.
+    pub chat: ChatId,
+    /// Its state.
+    pub state: TurnState,
+    /// Its current attempt.
+    pub attempt: u32,
+    /// Its budget of attempts.
+    pub max_attempts: u32,
+    /// The runner of its current attempt, once one started it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runner: Option<RunnerId>,
+    /// When its current attempt started.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_at: Option<Timestamp>,
+    /// When its pending retry is due.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_attempt_due: Option<Timestamp>,
+    /// When it was created.
+    pub created_at: Timestamp,
+}
+
+impl LiveTurn {
+    /// What the lists show of `record`.
+    pub fn of(record: &crate::TurnRecord) -> Self {
+        let current = record.attempts.iter().rev().find(|a| a.n == record.attempt);
+        LiveTurn {
+            turn: record.turn.clone(),
+            chat: record.chat.clone(),
+            state: record.state,
+            attempt: record.attempt,
+            max_attempts: record.max_attempts,
+            runner: current.and_then(|a| a.runner.clone()),
+            started_at: current.and_then(|a| a.started_at),
+            next_attempt_due: record.next_attempt_due,
+            created_at: record.created_at,
+        }
+    }
+
+    /// Does it match `query`'s filters?
+    pub fn matches(&self, query: &LiveQuery) -> bool {
+        query.state.is_none_or(|s| s == self.state)
+            && query.since.is_none_or(|t| self.created_at >= t)
+    }
+}
+
+/// The answer to a [`LiveQuery`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LivePage {
+    /// Format version (`v`) of this payload; absent means 1 (docs/protocol.md).
+    #[serde(default = "v1")]
+    pub v: u16,
+    /// Live turns that match, in all.
+    pub total: usize,
+    /// The page asked for, newest first.
+    pub turns: Vec<LiveTurn>,
+}
+
+impl LivePage {
+    /// The page `query` asks for of `turns`: those that match, newest first (then by id).
+    pub fn of<'a>(turns: impl Iterator<Item = &'a LiveTurn>, query: &LiveQuery) -> Self {
+        let mut matching: Vec<&LiveTurn> = turns.filter(|t| t.matches(query)).collect();
+        matching.sort_by(|a, b| {
+            b.created_at
+                .cmp(&a.created_at)
+                .then_with(|| a.turn.cmp(&b.turn))
+        });
+        LivePage {
+            v: FORMAT_VERSION,
+            total: matching.len(),
+            turns: page(matching, query.offset, query.limit),
+        }
+    }
+}
+
+fn page<T: Clone>(items: Vec<&T>, offset: usize, limit: usize) -> Vec<T> {
+    items
+        .into_iter()
+        .skip(offset)
+        .take(limit)
+        .cloned()
+        .collect()
+}
+
+/// A `turnpike.ops.errored` request: one page of the chats flagged errored, most recently
+/// flagged first, as the coordinators' read model holds them (no read of every chat record).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErroredQuery {
+    /// Format version (`v`) of this payload; absent means 1 (docs/protocol.md).
+    #[serde(default = "v1")]
+    pub v: u16,
+    /// Only chats flagged at or after this time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub since: Option<Timestamp>,
+    /// Chats to skip (of those that match, most recent first).
+    #[serde(default)]
+    pub offset: usize,
+    /// Chats to answer with, at most.
+    pub limit: usize,
+}
+
+/// A chat flagged errored, as the operators' lists show it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErroredChat {
+    /// The chat.
+    pub chat: ChatId,
+    /// Why, when and by which turn it is flagged.
+    pub error: ChatError,
+    /// The operator who cleared its flag last, before it was flagged again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cleared_last: Option<OperatorAction>,
+}
+
+impl ErroredChat {
+    /// What the lists show of `record`, if it is flagged.
+    pub fn of(record: &ChatRecord) -> Option<Self> {
+        Some(ErroredChat {
+            chat: record.chat.clone(),
+            error: record.errored.clone()?,
+            cleared_last: record.cleared.last().cloned(),
+        })
+    }
+}
+
+/// The answer to an [`ErroredQuery`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErroredPage {
+    /// Format version (`v`) of this payload; absent means 1 (docs/protocol.md).
+    #[serde(default = "v1")]
+    pub v: u16,
+    /// Chats flagged that match, in all.
+    pub total: usize,
+    /// The page asked for, most recently flagged first.
+    pub chats: Vec<ErroredChat>,
+}
+
+impl ErroredPage {
+    /// The page `query` asks for of `chats`: those that match, most recently flagged first
+    /// (then by chat).
+    pub fn of<'a>(chats: impl Iterator<Item = &'a ErroredChat>, query: &ErroredQuery) -> Self {
+        let mut matching: Vec<&ErroredChat> = chats
+            .filter(|c| query.since.is_none_or(|t| c.error.at >= t))
+            .collect();
+        matching.sort_by(|a, b| {
+            b.error
+                .at
+                .cmp(&a.error.at)
+                .then_with(|| a.chat.cmp(&b.chat))
+        });
+        ErroredPage {
+            v: FORMAT_VERSION,
+            total: matching.len(),
+            chats: page(matching, query.offset, query.limit),
+        }
+    }
+}

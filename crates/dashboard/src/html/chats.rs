@@ -2,7 +2,7 @@
 
 use super::*;
 
-pub fn errored(ctx: &Ctx, chats: &Paged<ChatRecord>, base: &str, flash_: Markup) -> Page {
+pub fn errored(ctx: &Ctx, chats: &Paged<ErroredChat>, base: &str, flash_: Markup) -> Page {
     let body = html! {
         h1 { "Errored chats" }
         (flash_)
@@ -11,16 +11,17 @@ pub fn errored(ctx: &Ctx, chats: &Paged<ChatRecord>, base: &str, flash_: Markup)
             table #errored {
                 thead { tr { th { "chat" } th { "turn" } th { "when" } th { "reason" } th { "cleared last" } th {} } }
                 tbody {
-                    @for c in &chats.items { @if let Some(e) = &c.errored {
+                    @for c in &chats.items {
+                        @let e = &c.error;
                         tr data-chat=(c.chat.as_str()) {
                             td { (chat_link(&c.chat)) }
                             td { (turn_link(&e.turn)) }
                             td { (time(e.at, ctx.now)) }
                             td { (e.reason) }
-                            td { @if let Some(a) = c.cleared.last() { (a.by) " " (time(a.at, ctx.now)) } @else { "—" } }
+                            td { @if let Some(a) = &c.cleared_last { (a.by) " " (time(a.at, ctx.now)) } @else { "—" } }
                             td { (action(ctx, &format!("/chats/{}/clear", c.chat), "Clear", &format!("Clear the errored flag of chat {}?", c.chat))) }
                         }
-                    } }
+                    }
                 }
             }
             (pager(chats, base))

@@ -2,13 +2,9 @@
 
 use super::*;
 
-fn current(r: &TurnRecord) -> Option<&AttemptRecord> {
-    r.attempts.iter().rev().find(|a| a.n == r.attempt)
-}
-
 pub fn live(
     ctx: &Ctx,
-    turns: &Paged<TurnRecord>,
+    turns: &Paged<LiveTurn>,
     base: &str,
     filter: &Filter,
     flash_: Markup,
@@ -23,14 +19,13 @@ pub fn live(
                 thead { tr { th { "turn" } th { "chat" } th { "state" } th { "attempt" } th { "runner" } th { "running for" } th { "next attempt" } th {} } }
                 tbody {
                     @for r in &turns.items {
-                        @let a = current(r);
                         tr data-turn=(r.turn.as_str()) data-state=(r.state.as_str()) {
                             td { (turn_link(&r.turn)) }
                             td { (chat_link(&r.chat)) }
                             td { (state(r.state)) }
                             td { (r.attempt) " of " (r.max_attempts) }
-                            td.mono { @if let Some(x) = a.and_then(|a| a.runner.as_ref()) { (x.as_str()) } @else { "—" } }
-                            td { @if let Some(s) = a.and_then(|a| a.started_at) { (duration(ctx.now.millis().saturating_sub(s.millis()))) } @else { "—" } }
+                            td.mono { @if let Some(x) = &r.runner { (x.as_str()) } @else { "—" } }
+                            td { @if let Some(s) = r.started_at { (duration(ctx.now.millis().saturating_sub(s.millis()))) } @else { "—" } }
                             td { @if let Some(due) = r.next_attempt_due { span.countdown data-due=(due.millis()) title=(due.to_string()) { (relative(due, ctx.now)) } } @else { "—" } }
                             td { (action(ctx, &format!("/turns/{}/kill", r.turn), "Kill", &format!("Kill turn {} of chat {}?", r.turn, r.chat))) }
                         }

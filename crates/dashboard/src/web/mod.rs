@@ -19,7 +19,7 @@ use turnpike_store::Bus;
 
 use crate::auth::{LoginLimiter, Session, SESSION_COOKIE};
 use crate::changes::Change;
-use crate::html::{self, Ctx, Filter, Page, Paged};
+use crate::html::{self, Ctx, Filter, Page};
 use crate::Access;
 
 /// Rows per list page.
@@ -290,23 +290,6 @@ macro_rules! logged_in {
 mod forms;
 pub(crate) mod sessions;
 mod views;
-
-pub(super) fn page_of<T>(items: Vec<T>, page: Option<usize>) -> Paged<T> {
-    let total = items.len();
-    let pages = total.div_ceil(PAGE_SIZE).max(1);
-    let page = page.unwrap_or(1).clamp(1, pages);
-    let items = items
-        .into_iter()
-        .skip((page - 1) * PAGE_SIZE)
-        .take(PAGE_SIZE)
-        .collect();
-    Paged {
-        items,
-        page,
-        pages,
-        total,
-    }
-}
 
 pub(super) fn flash(f: &Filter) -> maud::Markup {
     html::flash(f.msg.as_deref(), f.ok.unwrap_or(false))

@@ -1,12 +1,14 @@
 //! The GET handlers: each reads what it shows, bounded, and renders it with [`crate::html`].
 
-use super::{failed, flash, not_found, page_of, render, session, to_login, urlencode, Shared};
-use crate::html::{self, Filter};
+use super::{failed, flash, not_found, render, session, to_login, urlencode, Shared, PAGE_SIZE};
+use crate::html::{self, Filter, Paged};
 use crate::read;
 use axum::extract::{Path, Query, State as AxState};
 use axum::http::HeaderMap;
 use axum::response::Response;
-use turnpike_core::{ChatId, TurnId};
+use turnpike_core::record::TurnState;
+use turnpike_core::wire::{ErroredChat, ErroredPage, ErroredQuery, LivePage, LiveQuery, LiveTurn};
+use turnpike_core::{ChatId, TurnId, FORMAT_VERSION};
 use turnpike_jetstream::now;
 use turnpike_store::views;
 
@@ -16,11 +18,6 @@ pub(super) async fn overview(AxState(state): AxState<Shared>, headers: HeaderMap
         Ok(o) => render(&state, &s, &headers, |ctx| html::overview(&o, ctx.now)),
         Err(e) => failed(e),
     }
-}
-
-fn within(f: &Filter, t: turnpike_core::Timestamp) -> bool {
-    f.within_min
-        .is_none_or(|m| now().millis().saturating_sub(t.millis()) <= m * 60_000)
 }
 
 fn query_base(path: &str, f: &Filter) -> String {
@@ -41,30 +38,74 @@ fn query_base(path: &str, f: &Filter) -> String {
     }
 }
 
+/// Since when a list's `within_min` filter reaches back.
+fn since(f: &Filter) -> Option<turnpike_core::Timestamp> {
+    f.within_min
+        .map(|m| turnpike_core::Timestamp::from_millis(now().millis().saturating_sub(m * 60_000)))
+}
+
+/// Where page `page` (from 1) of a list starts.
+fn offset(page: Option<usize>) -> usize {
+    page.unwrap_or(1).max(1).saturating_sub(1) * PAGE_SIZE
+}
+
+/// A page of a list paged by whoever read it (`page` clamped to the last by [`last_page`]).
+fn paged<T>(items: Vec<T>, total: usize, page: Option<usize>) -> Paged<T> {
+    Paged {
+        items,
+        page: page.unwrap_or(1).max(1),
+        pages: total.div_ceil(PAGE_SIZE).max(1),
+        total,
+    }
+}
+
+/// A page past the last one shows the last one.
+fn last_page(total: usize, page: Option<usize>) -> Option<usize> {
+    let pages = total.div_ceil(PAGE_SIZE).max(1);
+    Some(page.unwrap_or(1).clamp(1, pages))
+}
+
 pub(super) async fn errored(
     AxState(state): AxState<Shared>,
     headers: HeaderMap,
     Query(f): Query<Filter>,
 ) -> Response {
     let s = logged_in!(state, headers, "/errored");
-    let chats = match views::chats(&state.bus).await {
-        Ok(c) => c,
+    let bus = &state.bus;
+    let query = |page| ErroredQuery {
+        v: FORMAT_VERSION,
+        since: since(&f),
+        offset: offset(page),
+        limit: PAGE_SIZE,
+    };
+    // A chat filter reads only that chat's record; the list, a page of the read model.
+    let page = match f.chat.as_deref().filter(|c| !c.is_empty()) {
+        Some(c) => {
+            let flagged = match ChatId::new(c) {
+                Ok(chat) => match views::chat(bus, &chat).await {
+                    Ok(record) => record.as_ref().and_then(ErroredChat::of),
+                    Err(e) => return failed(e),
+                },
+                Err(_) => None,
+            };
+            Ok(ErroredPage::of(flagged.iter(), &query(f.page)))
+        }
+        None => match views::errored_page(bus, &query(f.page)).await {
+            Ok(p) if p.chats.is_empty() && offset(f.page) >= p.total && p.total > 0 => {
+                views::errored_page(bus, &query(last_page(p.total, f.page))).await
+            }
+            other => other,
+        },
+    };
+    let page = match page {
+        Ok(p) => p,
         Err(e) => return failed(e),
     };
-    let mut flagged: Vec<_> = chats
-        .into_iter()
-        .filter(|c| c.errored.as_ref().is_some_and(|e| within(&f, e.at)))
-        .filter(|c| {
-            f.chat
-                .as_deref()
-                .is_none_or(|x| x.is_empty() || c.chat.as_str() == x)
-        })
-        .collect();
-    flagged.sort_by_key(|c| std::cmp::Reverse(c.errored.as_ref().map(|e| e.at)));
+    let at = last_page(page.total, f.page);
     render(&state, &s, &headers, |ctx| {
         html::errored(
             ctx,
-            &page_of(flagged, f.page),
+            &paged(page.chats, page.total, at),
             &query_base("/errored", &f),
             flash(&f),
         )
@@ -78,41 +119,68 @@ pub(super) async fn live(
 ) -> Response {
     let s = logged_in!(state, headers, "/live");
     let bus = &state.bus;
-    // A chat filter reads only that chat's live and waiting turns.
-    let ids = match f.chat.as_deref().filter(|c| !c.is_empty()) {
-        Some(c) => match ChatId::new(c) {
-            Ok(chat) => match views::chat(bus, &chat).await {
-                Ok(Some(rec)) => rec.live.into_iter().chain(rec.waiting).collect(),
-                Ok(None) => Vec::new(),
+    let wanted = match f.state.as_deref().filter(|st| !st.is_empty()) {
+        None => None,
+        Some(st) => match st.parse::<TurnState>() {
+            Ok(state) => Some(state),
+            // No turn is in a state that does not exist.
+            Err(_) => return render_live(&state, &s, &headers, &f, paged(Vec::new(), 0, None)),
+        },
+    };
+    let query = |page| LiveQuery {
+        v: FORMAT_VERSION,
+        state: wanted,
+        since: since(&f),
+        offset: offset(page),
+        limit: PAGE_SIZE,
+    };
+    // A chat filter reads only that chat's live and waiting turns; the list, a page of the
+    // read model.
+    let page = match f.chat.as_deref().filter(|c| !c.is_empty()) {
+        Some(c) => {
+            let ids = match ChatId::new(c) {
+                Ok(chat) => match views::chat(bus, &chat).await {
+                    Ok(Some(rec)) => rec.live.into_iter().chain(rec.waiting).collect(),
+                    Ok(None) => Vec::new(),
+                    Err(e) => return failed(e),
+                },
+                Err(_) => Vec::new(),
+            };
+            let turns: Vec<LiveTurn> = match views::records(bus, &ids).await {
+                Ok(r) => r
+                    .iter()
+                    .filter(|r| !r.state.is_terminal())
+                    .map(LiveTurn::of)
+                    .collect(),
                 Err(e) => return failed(e),
-            },
-            Err(_) => Vec::new(),
-        },
-        None => match views::live_ids(bus).await {
-            Ok(ids) => ids,
-            Err(e) => return failed(e),
+            };
+            Ok(LivePage::of(turns.iter(), &query(f.page)))
+        }
+        None => match views::live_page(bus, &query(f.page)).await {
+            Ok(p) if p.turns.is_empty() && offset(f.page) >= p.total && p.total > 0 => {
+                views::live_page(bus, &query(last_page(p.total, f.page))).await
+            }
+            other => other,
         },
     };
-    let mut records = match views::records(bus, &ids).await {
-        Ok(r) => r,
-        Err(e) => return failed(e),
-    };
-    records.retain(|r| !r.state.is_terminal());
-    records.retain(|r| {
-        f.state
-            .as_deref()
-            .is_none_or(|st| st.is_empty() || r.state.as_str() == st)
-    });
-    records.retain(|r| within(&f, r.created_at));
-    records.sort_by_key(|r| std::cmp::Reverse(r.created_at));
-    render(&state, &s, &headers, |ctx| {
-        html::live(
-            ctx,
-            &page_of(records, f.page),
-            &query_base("/live", &f),
-            &f,
-            flash(&f),
-        )
+    match page {
+        Ok(p) => {
+            let at = last_page(p.total, f.page);
+            render_live(&state, &s, &headers, &f, paged(p.turns, p.total, at))
+        }
+        Err(e) => failed(e),
+    }
+}
+
+fn render_live(
+    state: &Shared,
+    s: &super::Session,
+    headers: &HeaderMap,
+    f: &Filter,
+    turns: Paged<LiveTurn>,
+) -> Response {
+    render(state, s, headers, |ctx| {
+        html::live(ctx, &turns, &query_base("/live", f), f, flash(f))
     })
 }
 

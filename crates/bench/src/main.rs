@@ -18,6 +18,7 @@ mod coordinator_kill;
 mod dashboard;
 mod docker;
 mod idle;
+mod live_turns;
 mod pipeline;
 mod plots;
 mod procstat;
@@ -93,6 +94,15 @@ enum What {
         #[arg(long, default_value_t = 100_000)]
         stored: usize,
     },
+    /// Only measurement 8 (live turns at rest: idle CPU, views, lost-runner detection), printed.
+    Live {
+        /// Live turns, per run (each size in both shapes).
+        #[arg(long, value_delimiter = ',', default_value = "1000,10000,100000")]
+        sizes: Vec<usize>,
+        /// How the turns wait, per size.
+        #[arg(long, value_delimiter = ',', default_value = "queued,waiting")]
+        shapes: Vec<live_turns::Shape>,
+    },
     /// Count the JetStream operations `turns` turns cost, by kind, on the wire.
     Census {
         #[arg(long, default_value_t = 200)]
@@ -118,6 +128,9 @@ enum What {
     /// A coordinator in its own process (config from the environment), for the kill -9 timing.
     #[command(hide = true)]
     Coordinator,
+    /// A runner in its own process (config from the environment), to kill -9 and to measure.
+    #[command(hide = true)]
+    Runner,
 }
 
 /// Run one measurement that writes its report into `out` on a fresh runtime, then print it.
@@ -142,6 +155,7 @@ fn main() -> Result<()> {
                 .with_context(|| format!("write {}", path.display()))
         }
         What::Coordinator => {
+            child_logs();
             let rt = runtime()?;
             rt.block_on(async {
                 let config = Config::load(None)?;
@@ -151,6 +165,22 @@ fn main() -> Result<()> {
                     .await?;
                 Ok(())
             })
+        }
+        What::Runner => {
+            child_logs();
+            let rt = runtime()?;
+            rt.block_on(async {
+                let config = turnpike_runner::nats_identity(Config::load(None)?)?;
+                let bus = Bus::connect(&config, "bench-runner").await?;
+                turnpike_runner::Runner::new(bus, config)
+                    .await?
+                    .run(CancellationToken::new())
+                    .await?;
+                Ok(())
+            })
+        }
+        What::Live { sizes, shapes } => {
+            print_report!(|out| live_turns::live_turns(&mut out, &sizes, &shapes).await)
         }
         What::Pipeline { turns, slots } => {
             print_report!(|out| pipeline::pipeline_overhead(&mut out, turns, slots).await)
@@ -207,6 +237,17 @@ fn main() -> Result<()> {
             }
             Ok(())
         }
+    }
+}
+
+/// A child role logs to stderr only when `TURNPIKE_BENCH_LOG` asks (a filter): to see what it
+/// does while it is measured.
+fn child_logs() {
+    if let Ok(filter) = std::env::var("TURNPIKE_BENCH_LOG") {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+            .with_writer(std::io::stderr)
+            .try_init();
     }
 }
 

@@ -196,6 +196,35 @@ pub(crate) fn spawn_coordinator(stack: &Stack) -> Result<std::process::Child> {
         .env("TURNPIKE_RETRY_DELAY", duration(c.retry_delay))
         .env("TURNPIKE_LEASE", duration(c.lease))
         .env("TURNPIKE_HEARTBEAT", duration(c.heartbeat))
-        .env("TURNPIKE_LOG", "error")
+        .env("TURNPIKE_LOG", child_log())
         .spawn()?)
+}
+
+/// The child roles' log filter: errors only, unless `TURNPIKE_BENCH_LOG` says otherwise (to see
+/// what a role does while it is measured).
+fn child_log() -> String {
+    std::env::var("TURNPIKE_BENCH_LOG").unwrap_or_else(|_| "error".to_owned())
+}
+
+/// A runner as a child process of this binary (process backend, the stack's agent), so that it
+/// can be killed -9, or measured on its own.
+pub(crate) fn spawn_runner(stack: &Stack) -> Result<std::process::Child> {
+    let me = std::env::current_exe()?;
+    let c = &stack.config;
+    let duration = |d: Duration| humantime::format_duration(d).to_string();
+    let mut command = std::process::Command::new(&me);
+    command
+        .arg("runner")
+        .env("TURNPIKE_NATS_URL", &c.nats_url)
+        .env("TURNPIKE_RUNNER_ID", "bench-child")
+        .env("TURNPIKE_RUNNER_SLOTS", c.runner_slots.to_string())
+        .env("TURNPIKE_RUNNER_BACKEND", "process")
+        .env("TURNPIKE_AGENT_COMMAND", agent_command(&me).0)
+        .env("TURNPIKE_LEASE", duration(c.lease))
+        .env("TURNPIKE_HEARTBEAT", duration(c.heartbeat))
+        .env("TURNPIKE_LOG", child_log());
+    if let Some(dir) = &c.scratch_dir {
+        command.env("TURNPIKE_SCRATCH_DIR", dir);
+    }
+    Ok(command.spawn()?)
 }

@@ -10,35 +10,14 @@ use turnpike_coordinator::due::Timing;
 use turnpike_coordinator::follow;
 use turnpike_coordinator::sweep::Sweeper;
 use turnpike_core::wire::{ErroredChat, ErroredPage, ErroredQuery, LivePage, LiveQuery, LiveTurn};
-use turnpike_store::admission;
-use turnpike_store::outbox;
 use turnpike_testkit::eventually;
 
-/// Create message `id` of `chat` as the dispatcher does (indexed, recorded, joined to its chat;
-/// admitted if the chat has no live turn) and carry out its effects.
+/// Create message `id` of `chat` as the dispatcher does.
 async fn create(bus: &Bus, chat: &str, id: &str, seq: u64) -> TurnId {
-    use turnpike_core::lifecycle::{self, NewTurn};
     let chat = ChatId::new(chat).expect("chat");
-    let message = turnpike_core::wire::InboundMessage::new(chat.clone(), id.to_owned(), "x", None);
-    let (record, _) = lifecycle::create(
-        NewTurn {
-            turn: TurnId::for_message(&chat, id),
-            message,
-            history: vec![],
-            max_turn_retry: 3,
-            retry_delay: Duration::from_secs(10),
-            rerun_of: None,
-            created_by: None,
-            admit_now: false,
-        },
-        turnpike_jetstream::now(),
-    );
-    let turn = record.turn.clone();
-    let (created, _) = admission::create_in_chat(bus, record, Some(seq), None)
+    turnpike_testkit::plant::turn(bus, &chat, id, seq)
         .await
-        .expect("create");
-    outbox::run_outbox(bus, created).await.expect("effects");
-    turn
+        .expect("create")
 }
 
 /// Flag chat `chat` errored (its turn gave up), as the coordinator would.

@@ -11,7 +11,6 @@ use anyhow::{Context, Result};
 use futures::StreamExt;
 use std::fmt::Write as _;
 use std::time::{Duration, Instant};
-use turnpike_core::lifecycle::{self, NewTurn};
 use turnpike_core::record::TurnState;
 use turnpike_core::wire::ExitClass;
 use turnpike_core::{ChatId, TurnId};
@@ -249,7 +248,7 @@ async fn plant(bus: &turnpike_store::Bus, n: usize, shape: Shape) -> Result<()> 
         .map(|c| async move {
             let chat = ChatId::new(format!("live-{c}"))?;
             for m in 0..per_chat.min(n - c * per_chat) {
-                create(bus, &chat, &format!("m{m}"), m as u64 + 1).await?;
+                turnpike_testkit::plant::turn(bus, &chat, &format!("m{m}"), m as u64 + 1).await?;
             }
             Ok::<_, anyhow::Error>(())
         })
@@ -257,26 +256,6 @@ async fn plant(bus: &turnpike_store::Bus, n: usize, shape: Shape) -> Result<()> 
     while let Some(done) = created.next().await {
         done?;
     }
-    Ok(())
-}
-
-async fn create(bus: &turnpike_store::Bus, chat: &ChatId, id: &str, seq: u64) -> Result<()> {
-    let (record, _) = lifecycle::create(
-        NewTurn {
-            turn: TurnId::for_message(chat, id),
-            message: inbound(chat, id, "a question"),
-            history: vec![],
-            max_turn_retry: 3,
-            retry_delay: Duration::from_secs(10),
-            rerun_of: None,
-            created_by: None,
-            admit_now: false,
-        },
-        turnpike_jetstream::now(),
-    );
-    let (created, _) =
-        turnpike_store::admission::create_in_chat(bus, record, Some(seq), None).await?;
-    turnpike_store::outbox::run_outbox(bus, created).await?;
     Ok(())
 }
 

@@ -6,6 +6,7 @@
 
 mod docker_proxy;
 pub mod pipeline;
+pub mod plant;
 
 pub use docker_proxy::DockerProxy;
 

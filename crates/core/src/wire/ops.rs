@@ -317,27 +317,43 @@ pub struct LivePage {
 impl LivePage {
     /// The page `query` asks for of `turns`: those that match, newest first (then by id).
     pub fn of<'a>(turns: impl Iterator<Item = &'a LiveTurn>, query: &LiveQuery) -> Self {
-        let mut matching: Vec<&LiveTurn> = turns.filter(|t| t.matches(query)).collect();
-        matching.sort_by(|a, b| {
-            b.created_at
-                .cmp(&a.created_at)
-                .then_with(|| a.turn.cmp(&b.turn))
-        });
+        let matching: Vec<&LiveTurn> = turns.filter(|t| t.matches(query)).collect();
         LivePage {
             v: FORMAT_VERSION,
             total: matching.len(),
-            turns: page(matching, query.offset, query.limit),
+            turns: page(
+                matching,
+                |a, b| {
+                    b.created_at
+                        .cmp(&a.created_at)
+                        .then_with(|| a.turn.cmp(&b.turn))
+                },
+                query.offset,
+                query.limit,
+            ),
         }
     }
 }
 
-fn page<T: Clone>(items: Vec<&T>, offset: usize, limit: usize) -> Vec<T> {
-    items
-        .into_iter()
-        .skip(offset)
-        .take(limit)
-        .cloned()
-        .collect()
+/// Items `offset..offset + limit` of `items` in `order` (a total order: ties broken by id).
+/// Only the page and what comes before it are sorted: a selection (linear) puts them first, so
+/// a page of 100,000 live turns costs a pass over them, not a sort of them all.
+fn page<T: Clone>(
+    mut items: Vec<&T>,
+    order: impl Fn(&&T, &&T) -> std::cmp::Ordering,
+    offset: usize,
+    limit: usize,
+) -> Vec<T> {
+    let end = offset.saturating_add(limit).min(items.len());
+    if end == 0 {
+        return Vec::new();
+    }
+    if end < items.len() {
+        items.select_nth_unstable_by(end - 1, &order);
+        items.truncate(end);
+    }
+    items.sort_unstable_by(&order);
+    items.into_iter().skip(offset).cloned().collect()
 }
 
 /// A `turnpike.ops.errored` request: one page of the chats flagged errored, most recently
@@ -396,19 +412,23 @@ impl ErroredPage {
     /// The page `query` asks for of `chats`: those that match, most recently flagged first
     /// (then by chat).
     pub fn of<'a>(chats: impl Iterator<Item = &'a ErroredChat>, query: &ErroredQuery) -> Self {
-        let mut matching: Vec<&ErroredChat> = chats
+        let matching: Vec<&ErroredChat> = chats
             .filter(|c| query.since.is_none_or(|t| c.error.at >= t))
             .collect();
-        matching.sort_by(|a, b| {
-            b.error
-                .at
-                .cmp(&a.error.at)
-                .then_with(|| a.chat.cmp(&b.chat))
-        });
         ErroredPage {
             v: FORMAT_VERSION,
             total: matching.len(),
-            chats: page(matching, query.offset, query.limit),
+            chats: page(
+                matching,
+                |a, b| {
+                    b.error
+                        .at
+                        .cmp(&a.error.at)
+                        .then_with(|| a.chat.cmp(&b.chat))
+                },
+                query.offset,
+                query.limit,
+            ),
         }
     }
 }

@@ -428,3 +428,98 @@ fn the_agents_input_is_one_flat_document() {
     }
     assert!(json.get("work").is_none(), "{json}");
 }
+
+mod pages {
+    use super::*;
+    use crate::record::TurnState;
+    use proptest::prelude::*;
+
+    fn live(i: usize, created: u64, state: TurnState) -> LiveTurn {
+        LiveTurn {
+            turn: crate::TurnId::new(format!("t-{i:04}")).expect("id"),
+            chat: crate::ChatId::new(format!("c-{}", i % 7)).expect("id"),
+            state,
+            attempt: 1,
+            max_attempts: 3,
+            runner: None,
+            started_at: None,
+            next_attempt_due: None,
+            created_at: Timestamp::from_millis(created),
+        }
+    }
+
+    const STATES: [TurnState; 3] = [TurnState::Queued, TurnState::Running, TurnState::Waiting];
+
+    proptest! {
+        /// A page picked by selection is exactly the page of the whole list sorted: newest
+        /// first, ties by id, whatever the offset and limit (past the end included).
+        #[test]
+        fn a_live_page_is_the_sorted_lists_page(
+            created in proptest::collection::vec((0u64..20, 0usize..3), 0..60),
+            state in proptest::option::of(0usize..3),
+            offset in 0usize..70,
+            limit in 0usize..70,
+        ) {
+            let turns: Vec<LiveTurn> = created
+                .iter()
+                .enumerate()
+                .map(|(i, (c, s))| live(i, *c, STATES[*s]))
+                .collect();
+            let query = LiveQuery {
+                v: FORMAT_VERSION,
+                state: state.map(|s| STATES[s]),
+                since: None,
+                offset,
+                limit,
+            };
+            let mut sorted: Vec<&LiveTurn> = turns.iter().filter(|t| t.matches(&query)).collect();
+            sorted.sort_by(|a, b| b.created_at.cmp(&a.created_at).then_with(|| a.turn.cmp(&b.turn)));
+            let want: Vec<LiveTurn> = sorted.iter().skip(offset).take(limit).map(|t| (*t).clone()).collect();
+            let got = LivePage::of(turns.iter(), &query);
+            prop_assert_eq!(got.total, sorted.len());
+            prop_assert_eq!(got.turns, want);
+        }
+
+        /// The same for errored chats: most recently flagged first, ties by chat.
+        #[test]
+        fn an_errored_page_is_the_sorted_lists_page(
+            at in proptest::collection::vec(0u64..20, 0..60),
+            since in proptest::option::of(0u64..20),
+            offset in 0usize..70,
+            limit in 0usize..70,
+        ) {
+            let chats: Vec<ErroredChat> = at
+                .iter()
+                .enumerate()
+                .map(|(i, at)| {
+                    let chat = crate::ChatId::new(format!("c-{i:04}")).expect("id");
+                    ErroredChat {
+                        error: ChatError {
+                            turn: crate::TurnId::for_message(&chat, "m"),
+                            at: Timestamp::from_millis(*at),
+                            reason: "gave up".into(),
+                            cause: None,
+                        },
+                        chat,
+                        cleared_last: None,
+                    }
+                })
+                .collect();
+            let query = ErroredQuery {
+                v: FORMAT_VERSION,
+                since: since.map(Timestamp::from_millis),
+                offset,
+                limit,
+            };
+            let mut sorted: Vec<&ErroredChat> = chats
+                .iter()
+                .filter(|c| query.since.is_none_or(|t| c.error.at >= t))
+                .collect();
+            sorted.sort_by(|a, b| b.error.at.cmp(&a.error.at).then_with(|| a.chat.cmp(&b.chat)));
+            let want: Vec<ErroredChat> = sorted.iter().skip(offset).take(limit).map(|c| (*c).clone()).collect();
+            let got = ErroredPage::of(chats.iter(), &query);
+            prop_assert_eq!(got.total, sorted.len());
+            prop_assert_eq!(got.chats, want);
+        }
+    }
+}

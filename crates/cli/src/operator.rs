@@ -9,7 +9,7 @@ use serde::Serialize;
 use std::process::ExitCode;
 use std::time::Duration;
 use turnpike_core::record::TurnState;
-use turnpike_core::wire::{OpsReply, OpsRequest};
+use turnpike_core::wire::{ErroredQuery, LivePage, LiveQuery, LiveTurn, OpsReply, OpsRequest};
 use turnpike_core::{subjects, ChatId, TurnId, TurnRecord};
 use turnpike_jetstream::now;
 use turnpike_store::turns;
@@ -19,15 +19,19 @@ pub mod cluster;
 
 #[derive(Subcommand)]
 pub enum TurnsCmd {
-    /// List turns: those not yet ended, or every stored turn with --all.
+    /// List turns, newest first: those not yet ended (from the coordinators' read model), or
+    /// every stored turn with --all.
     Ls {
         #[arg(long, value_parser = parse_state)]
         state: Option<TurnState>,
+        /// One chat's turns only (reads that chat's record and its turns').
         #[arg(long)]
         chat: Option<String>,
         /// Every stored turn, ended ones included (reads the whole bucket).
         #[arg(long)]
         all: bool,
+        #[command(flatten)]
+        page: PageArgs,
     },
     /// Everything about one turn: every attempt, its runner, times, exit, messages landed.
     Show { turn: String },
@@ -47,14 +51,83 @@ pub enum TurnsCmd {
 
 #[derive(Subcommand)]
 pub enum ChatsCmd {
-    /// Chats flagged errored (a turn gave up, or the agent could not start).
-    Errored,
+    /// Chats flagged errored (a turn gave up, or the agent could not start), most recently
+    /// flagged first.
+    Errored {
+        #[command(flatten)]
+        page: PageArgs,
+    },
     /// Clear a chat's errored flag.
     Clear {
         chat: String,
         #[arg(long, default_value_t = default_operator())]
         by: String,
     },
+}
+
+/// Which part of a long list to show.
+#[derive(clap::Args, Debug, Clone, Copy)]
+pub struct PageArgs {
+    /// Show at most this many.
+    #[arg(long, default_value_t = 50)]
+    limit: usize,
+    /// Skip this many first (the next page of 50 is --offset 50).
+    #[arg(long, default_value_t = 0)]
+    offset: usize,
+}
+
+/// What one request asks for at most: the coordinators answer up to 500 a page.
+const PER_REQUEST: usize = 500;
+
+/// Up to `page.limit` items from `page.offset`, fetched `PER_REQUEST` at a time by `fetch(offset,
+/// limit)` (which answers the total that match and its items); the total and the items.
+async fn gather<T, F, Fut>(page: PageArgs, mut fetch: F) -> Result<(usize, Vec<T>)>
+where
+    F: FnMut(usize, usize) -> Fut,
+    Fut: std::future::Future<Output = Result<(usize, Vec<T>), turnpike_jetstream::BusError>>,
+{
+    let mut items = Vec::new();
+    loop {
+        let want = (page.limit - items.len()).min(PER_REQUEST);
+        let (total, got) = fetch(page.offset + items.len(), want).await?;
+        let more = !got.is_empty();
+        items.extend(got);
+        if !more || items.len() >= page.limit || page.offset + items.len() >= total {
+            return Ok((total, items));
+        }
+    }
+}
+
+/// A page as JSON (`{"v", "total", <what>: [...]}`) or as a table, with a line on stderr saying
+/// which part of how many it shows when it is not all.
+#[allow(clippy::too_many_arguments)]
+fn print_page<T: Serialize>(
+    json: bool,
+    what: &str,
+    total: usize,
+    page: PageArgs,
+    items: &[T],
+    headers: &[&str],
+    row: impl Fn(&T) -> Vec<String>,
+) -> Result<ExitCode> {
+    if json {
+        print_json(&serde_json::json!({
+            "v": turnpike_core::FORMAT_VERSION,
+            "total": total,
+            what: items,
+        }))?;
+    } else {
+        let rows: Vec<Vec<String>> = items.iter().map(row).collect();
+        table(headers, &rows);
+        if items.len() < total {
+            let first = (page.offset + 1).min(total);
+            let last = page.offset + items.len();
+            eprintln!(
+                "{first}–{last} of {total} {what}, newest first (--offset {last} for the next; --limit for more)"
+            );
+        }
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 fn parse_state(s: &str) -> Result<TurnState, turnpike_core::record::UnknownTurnState> {
@@ -122,27 +195,50 @@ fn age(t: turnpike_core::Timestamp) -> String {
 
 pub async fn turns_cmd(bus: &Bus, cmd: TurnsCmd, json: bool) -> Result<ExitCode> {
     match cmd {
-        TurnsCmd::Ls { state, chat, all } => {
-            let ids = if all {
-                views::all_ids(bus).await?
-            } else {
-                views::live_ids(bus).await?
+        TurnsCmd::Ls {
+            state,
+            chat,
+            all,
+            page,
+        } => {
+            let chat = chat.map(ChatId::new).transpose().context("chat id")?;
+            let query = |offset, limit| LiveQuery {
+                v: turnpike_core::FORMAT_VERSION,
+                state,
+                since: None,
+                offset,
+                limit,
             };
-            let mut records = views::records(bus, &ids).await?;
-            records.retain(|r| {
-                state.is_none_or(|s| s == r.state)
-                    && chat.as_deref().is_none_or(|c| c == r.chat.as_str())
-            });
-            records.sort_by_key(|r| r.created_at);
-            let headers = ["TURN", "CHAT", "STATE", "ATTEMPT", "UPDATED"];
-            print_list(json, &records, &headers, |r| {
-                Some(vec![
-                    r.turn.to_string(),
-                    r.chat.to_string(),
-                    r.state.to_string(),
-                    format!("{}/{}", r.attempt, r.max_attempts),
-                    age(r.updated_at),
-                ])
+            let (total, turns) = if all {
+                // Every stored record, summarised and paged here.
+                let mut records = views::records(bus, &views::all_ids(bus).await?).await?;
+                records.retain(|r| chat.as_ref().is_none_or(|c| *c == r.chat));
+                let summaries: Vec<LiveTurn> = records.iter().map(LiveTurn::of).collect();
+                let p = LivePage::of(summaries.iter(), &query(page.offset, page.limit));
+                (p.total, p.turns)
+            } else {
+                gather(page, |offset, limit| {
+                    let (q, chat) = (query(offset, limit), chat.clone());
+                    async move {
+                        let p = match &chat {
+                            Some(c) => views::chat_live_page(bus, c, &q).await?,
+                            None => views::live_page(bus, &q).await?,
+                        };
+                        Ok((p.total, p.turns))
+                    }
+                })
+                .await?
+            };
+            let headers = ["TURN", "CHAT", "STATE", "ATTEMPT", "RUNNER", "CREATED"];
+            print_page(json, "turns", total, page, &turns, &headers, |t| {
+                vec![
+                    t.turn.to_string(),
+                    t.chat.to_string(),
+                    t.state.to_string(),
+                    format!("{}/{}", t.attempt, t.max_attempts),
+                    t.runner.as_ref().map_or("-".into(), ToString::to_string),
+                    age(t.created_at),
+                ]
             })
         }
         TurnsCmd::Show { turn } => {
@@ -290,22 +386,61 @@ async fn action(bus: &Bus, subject: &str, req: &OpsRequest, json: bool) -> Resul
 
 pub async fn chats_cmd(bus: &Bus, cmd: ChatsCmd, json: bool) -> Result<ExitCode> {
     match cmd {
-        ChatsCmd::Errored => {
-            let flagged = views::errored_chats(bus).await?;
-            print_list(json, &flagged, &["CHAT", "TURN", "AT", "REASON"], |c| {
-                c.errored.as_ref().map(|e| {
-                    vec![
-                        c.chat.to_string(),
-                        e.turn.to_string(),
-                        e.at.to_string(),
-                        e.reason.clone(),
-                    ]
-                })
+        ChatsCmd::Errored { page } => {
+            let (total, chats) = gather(page, |offset, limit| async move {
+                let q = ErroredQuery {
+                    v: turnpike_core::FORMAT_VERSION,
+                    since: None,
+                    offset,
+                    limit,
+                };
+                let p = views::errored_page(bus, &q).await?;
+                Ok((p.total, p.chats))
+            })
+            .await?;
+            let headers = ["CHAT", "TURN", "AT", "REASON"];
+            print_page(json, "chats", total, page, &chats, &headers, |c| {
+                vec![
+                    c.chat.to_string(),
+                    c.error.turn.to_string(),
+                    c.error.at.to_string(),
+                    c.error.reason.clone(),
+                ]
             })
         }
         ChatsCmd::Clear { chat, by } => {
             let chat = ChatId::new(chat).context("chat id")?;
             action(bus, subjects::OPS_CLEAR, &OpsRequest::chat(by, chat), json).await
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `gather` asks in requests of at most `PER_REQUEST` and answers exactly the page asked
+    /// for: from the offset, up to the limit, short at the end of the list.
+    #[tokio::test]
+    async fn gather_pages_through_requests_of_at_most_500() {
+        let list: Vec<usize> = (0..1_234).collect();
+        for (offset, limit) in [(0, 50), (50, 1_100), (1_200, 100), (2_000, 10), (0, 0)] {
+            let asked = std::cell::RefCell::new(Vec::new());
+            let (total, items) = gather(PageArgs { limit, offset }, |o, l| {
+                asked.borrow_mut().push(l);
+                let got: Vec<usize> = list.iter().copied().skip(o).take(l).collect();
+                async move { Ok((1_234, got)) }
+            })
+            .await
+            .expect("gathered");
+            assert_eq!(total, 1_234);
+            let want: Vec<usize> = list.iter().copied().skip(offset).take(limit).collect();
+            assert_eq!(items, want, "offset {offset}, limit {limit}");
+            assert!(
+                asked.borrow().iter().all(|l| *l <= PER_REQUEST),
+                "{:?}",
+                asked.borrow()
+            );
         }
     }
 }

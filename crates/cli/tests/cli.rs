@@ -87,13 +87,23 @@ async fn operator_commands_on_a_running_pipeline() {
     // turns ls / show.
     let o = turnpike(&url, &["turns", "ls", "--all", "--json"]).await;
     assert_eq!(o.status.code(), Some(0));
-    let all: Vec<serde_json::Value> = serde_json::from_slice(&o.stdout).expect("JSON list");
+    let page: serde_json::Value = serde_json::from_slice(&o.stdout).expect("JSON page");
+    assert_eq!(page["total"], 3, "{page}");
+    let all = page["turns"].as_array().expect("the turns");
     assert_eq!(all.len(), 3);
     let gave_up = all
         .iter()
         .find(|t| t["state"] == "gave_up")
         .expect("the give-up turn");
     let gave_up_id = gave_up["turn"].as_str().expect("turn id").to_owned();
+    // Paged: newest first, a line on stderr says which part of how many.
+    let o = turnpike(&url, &["turns", "ls", "--all", "--limit", "2"]).await;
+    assert_eq!(stdout(&o).lines().count(), 3, "{}", stdout(&o));
+    assert!(stderr(&o).contains("1–2 of 3 turns"), "{}", stderr(&o));
+    let o = turnpike(&url, &["turns", "ls", "--all", "--offset", "2", "--json"]).await;
+    let rest: serde_json::Value = serde_json::from_slice(&o.stdout).expect("JSON page");
+    assert_eq!(rest["total"], 3, "{rest}");
+    assert_eq!(rest["turns"], serde_json::json!([all[2]]), "{rest}");
     let o = turnpike(&url, &["turns", "ls", "--all", "--state", "gave_up"]).await;
     let table = stdout(&o);
     assert!(table.starts_with("TURN"), "{table}");
@@ -127,6 +137,10 @@ async fn operator_commands_on_a_running_pipeline() {
         "{}",
         stdout(&o)
     );
+    let o = turnpike(&url, &["chats", "errored", "--json"]).await;
+    let flagged: serde_json::Value = serde_json::from_slice(&o.stdout).expect("JSON page");
+    assert_eq!(flagged["total"], 1, "{flagged}");
+    assert_eq!(flagged["chats"][0]["chat"], "cli-2", "{flagged}");
     let o = turnpike(&url, &["chats", "clear", "cli-2", "--by", "tester"]).await;
     assert_eq!(o.status.code(), Some(0), "{}", stdout(&o));
     let o = turnpike(&url, &["chats", "clear", "cli-2"]).await;

@@ -114,6 +114,39 @@ pub async fn errored_page(bus: &Bus, query: &ErroredQuery) -> Result<ErroredPage
     Ok(ErroredPage::of(flagged.iter(), query))
 }
 
+/// A page of one chat's live turns (its live one and those waiting behind it): its record and
+/// theirs, read now (no coordinator holds a list per chat).
+pub async fn chat_live_page(
+    bus: &Bus,
+    chat: &ChatId,
+    query: &LiveQuery,
+) -> Result<LivePage, BusError> {
+    let ids: Vec<TurnId> = match self::chat(bus, chat).await? {
+        Some(rec) => rec.live.into_iter().chain(rec.waiting).collect(),
+        None => Vec::new(),
+    };
+    let turns: Vec<LiveTurn> = records(bus, &ids)
+        .await?
+        .iter()
+        .filter(|r| !r.state.is_terminal())
+        .map(LiveTurn::of)
+        .collect();
+    Ok(LivePage::of(turns.iter(), query))
+}
+
+/// One chat's errored flag as a page (of none or one): its record, read now.
+pub async fn chat_errored_page(
+    bus: &Bus,
+    chat: &ChatId,
+    query: &ErroredQuery,
+) -> Result<ErroredPage, BusError> {
+    let flagged = self::chat(bus, chat)
+        .await?
+        .as_ref()
+        .and_then(ErroredChat::of);
+    Ok(ErroredPage::of(flagged.iter(), query))
+}
+
 /// Read the whole [`Cluster`] view from the buckets now: every live record and every chat
 /// record kept (what a coordinator does only until its own read model is built).
 pub async fn read_cluster(bus: &Bus, now: Timestamp) -> Result<Cluster, BusError> {

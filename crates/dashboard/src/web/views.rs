@@ -7,7 +7,7 @@ use axum::extract::{Path, Query, State as AxState};
 use axum::http::HeaderMap;
 use axum::response::Response;
 use turnpike_core::record::TurnState;
-use turnpike_core::wire::{ErroredChat, ErroredPage, ErroredQuery, LivePage, LiveQuery, LiveTurn};
+use turnpike_core::wire::{ErroredPage, ErroredQuery, LivePage, LiveQuery, LiveTurn};
 use turnpike_core::{ChatId, TurnId, FORMAT_VERSION};
 use turnpike_jetstream::now;
 use turnpike_store::views;
@@ -80,16 +80,10 @@ pub(super) async fn errored(
     };
     // A chat filter reads only that chat's record; the list, a page of the read model.
     let page = match f.chat.as_deref().filter(|c| !c.is_empty()) {
-        Some(c) => {
-            let flagged = match ChatId::new(c) {
-                Ok(chat) => match views::chat(bus, &chat).await {
-                    Ok(record) => record.as_ref().and_then(ErroredChat::of),
-                    Err(e) => return failed(e),
-                },
-                Err(_) => None,
-            };
-            Ok(ErroredPage::of(flagged.iter(), &query(f.page)))
-        }
+        Some(c) => match ChatId::new(c) {
+            Ok(chat) => views::chat_errored_page(bus, &chat, &query(f.page)).await,
+            Err(_) => Ok(ErroredPage::of(std::iter::empty(), &query(f.page))),
+        },
         None => match views::errored_page(bus, &query(f.page)).await {
             Ok(p) if p.chats.is_empty() && offset(f.page) >= p.total && p.total > 0 => {
                 views::errored_page(bus, &query(last_page(p.total, f.page))).await
@@ -137,25 +131,10 @@ pub(super) async fn live(
     // A chat filter reads only that chat's live and waiting turns; the list, a page of the
     // read model.
     let page = match f.chat.as_deref().filter(|c| !c.is_empty()) {
-        Some(c) => {
-            let ids = match ChatId::new(c) {
-                Ok(chat) => match views::chat(bus, &chat).await {
-                    Ok(Some(rec)) => rec.live.into_iter().chain(rec.waiting).collect(),
-                    Ok(None) => Vec::new(),
-                    Err(e) => return failed(e),
-                },
-                Err(_) => Vec::new(),
-            };
-            let turns: Vec<LiveTurn> = match views::records(bus, &ids).await {
-                Ok(r) => r
-                    .iter()
-                    .filter(|r| !r.state.is_terminal())
-                    .map(LiveTurn::of)
-                    .collect(),
-                Err(e) => return failed(e),
-            };
-            Ok(LivePage::of(turns.iter(), &query(f.page)))
-        }
+        Some(c) => match ChatId::new(c) {
+            Ok(chat) => views::chat_live_page(bus, &chat, &query(f.page)).await,
+            Err(_) => Ok(LivePage::of(std::iter::empty(), &query(f.page))),
+        },
         None => match views::live_page(bus, &query(f.page)).await {
             Ok(p) if p.turns.is_empty() && offset(f.page) >= p.total && p.total > 0 => {
                 views::live_page(bus, &query(last_page(p.total, f.page))).await

@@ -256,3 +256,71 @@ async fn the_sweep_looks_at_what_is_due_not_at_what_is_live() {
     follower.await.expect("follower");
     ops.await.expect("ops").expect("ops served");
 }
+
+/// A view waits until the read model holds every write made before it was asked. A write that
+/// lands between any two steps of the follower's start (each watch started, the buckets'
+/// revisions read, the build) is counted: were the revisions read before a watch started, a
+/// write in between would come through no watch and be in no baseline, and every view would
+/// wait out its second in vain. One write at one step per start (a later write, seen by a
+/// watch, would hide an earlier one missed), at every step in turn.
+#[tokio::test]
+async fn writes_made_while_the_model_starts_are_counted() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use turnpike_store::views::Watched;
+    init_logs();
+    let server = NatsServer::start();
+    let config = test_config(&server, AGENT);
+    let bus = Bus::connect(&config, "test").await.expect("bus");
+    create(&bus, "a", "a-0", 1).await;
+    let query = LiveQuery {
+        v: 1,
+        state: None,
+        since: None,
+        offset: 0,
+        limit: 100,
+    };
+    for at in 0.. {
+        let gate = std::sync::Arc::new(follow::StartGate::default());
+        let index = follow::Shared::gated(Timing::new(PASS), gate.clone());
+        let token = tokio_util::sync::CancellationToken::new();
+        let follower = tokio::spawn(follow::follow(bus.clone(), index.clone(), token.clone()));
+        // Before step `at`: a new turn (live index, record, chat) and a chat flagged errored.
+        let steps = std::sync::Arc::new(AtomicUsize::new(0));
+        let writer = {
+            let (bus, gate, steps) = (bus.clone(), gate.clone(), steps.clone());
+            tokio::spawn(async move {
+                loop {
+                    gate.step.notified().await;
+                    if steps.fetch_add(1, Ordering::SeqCst) == at {
+                        create(&bus, &format!("b{at}"), "m", 1).await;
+                        flag(&bus, &format!("z{at}")).await;
+                    }
+                    gate.proceed.notify_one();
+                }
+            })
+        };
+        eventually(T, "the index built", || async {
+            index.lock().ready.then_some(())
+        })
+        .await;
+        // A hold lets the follower on only after its writes: none is in flight now.
+        writer.abort();
+        let _ = writer.await;
+        let taken = steps.load(Ordering::SeqCst);
+        assert!(taken >= 6, "a hold before every step: {taken}");
+        let caught_up = index
+            .catch_up(&bus, &[Watched::Live, Watched::Turns, Watched::Chats])
+            .await;
+        let live = turnpike_store::views::live_ids(&bus).await.expect("live");
+        let page = index.live_page(&query).expect("built");
+        let errored = index.status().expect("built").errored.len();
+        token.cancel();
+        follower.await.expect("follower");
+        assert!(caught_up, "a write before step {at} of {taken} is counted");
+        assert_eq!(page.total, live.len(), "{page:?}");
+        assert_eq!(errored, live.len() - 1);
+        if at >= taken {
+            break;
+        }
+    }
+}

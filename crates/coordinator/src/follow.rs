@@ -69,6 +69,27 @@ struct Inner {
     followed: Mutex<Followed>,
     /// Told of every change followed.
     moved: Notify,
+    gate: Option<Arc<StartGate>>,
+}
+
+/// A hold on the follower's start, for tests: before each step of it (each watch started, where
+/// the buckets stand read, the build) the follower tells `step` and waits for `proceed`, so a
+/// test can write between any two steps: a write the model must count, whatever the order of
+/// the steps, or views would wait for it in vain.
+#[derive(Debug, Default)]
+pub struct StartGate {
+    /// Told (one permit) before each step.
+    pub step: Notify,
+    /// The follower waits for one permit before it takes the step.
+    pub proceed: Notify,
+}
+
+/// Before a step of the start: hold at the gate, if there is one.
+async fn hold(shared: &Shared) {
+    if let Some(gate) = &shared.0.gate {
+        gate.step.notify_one();
+        gate.proceed.notified().await;
+    }
 }
 
 /// How long a view waits for the model to catch up with the writes made before it was asked;
@@ -78,6 +99,15 @@ const CATCH_UP: Duration = Duration::from_secs(1);
 impl Shared {
     /// An index not built yet.
     pub fn new(timing: Timing) -> Self {
+        Self::build(timing, None)
+    }
+
+    /// An index not built yet, whose follower holds at `gate` as it starts (tests).
+    pub fn gated(timing: Timing, gate: Arc<StartGate>) -> Self {
+        Self::build(timing, Some(gate))
+    }
+
+    fn build(timing: Timing, gate: Option<Arc<StartGate>>) -> Self {
         Shared(Arc::new(Inner {
             followed: Mutex::new(Followed {
                 index: DueIndex::new(timing),
@@ -86,6 +116,7 @@ impl Shared {
                 upto: [0; 3],
             }),
             moved: Notify::new(),
+            gate,
         }))
     }
 
@@ -210,10 +241,15 @@ async fn follow_once(
     shared: &Shared,
     shutdown: &CancellationToken,
 ) -> Result<(), BusError> {
+    hold(shared).await;
     let mut live = views::watch(bus, Watched::Live).await?;
+    hold(shared).await;
     let mut records = views::watch(bus, Watched::Turns).await?;
+    hold(shared).await;
     let mut claims = views::watch(bus, Watched::Claims).await?;
+    hold(shared).await;
     let mut chats = views::watch_current(bus, Watched::Chats).await?;
+    hold(shared).await;
     // Read after the watches started: every write up to here is in what the build reads (or
     // the chats' current values), every later one comes through a watch. (Read before them, a
     // write in between would be in the model but never counted: views would wait for it.)
@@ -221,6 +257,7 @@ async fn follow_once(
     for (i, which) in TRACKED.iter().enumerate() {
         baseline[i] = views::revision(bus, *which).await?;
     }
+    hold(shared).await;
     let started = Instant::now();
     // The chats' current values first. An empty bucket sends none: a moment's quiet ends it
     // (at worst the errored count lags for a moment; nothing is decided on it).

@@ -39,6 +39,69 @@ where
     Ok(out)
 }
 
+/// The record of a chat with no turns, flagged errored: its turn gave up.
+pub(crate) fn errored_chat(chat: &ChatId) -> ChatRecord {
+    ChatRecord {
+        v: FORMAT_VERSION,
+        chat: chat.clone(),
+        live: None,
+        waiting: vec![],
+        history: vec![],
+        history_dropped: 0,
+        inbound_seq: 0,
+        errored: Some(ChatError {
+            turn: TurnId::for_message(chat, "x"),
+            at: Timestamp(1_800_000_000_000),
+            reason: "gave up after 3 attempts".into(),
+            cause: Some(turnpike_core::wire::ChatErrorCause::GaveUp),
+        }),
+        cleared: vec![],
+    }
+}
+
+/// A dashboard served by this process on loopback over `stack`'s bus, user `bench` logged in.
+pub(crate) struct Served {
+    pub(crate) base: String,
+    pub(crate) cookie: String,
+    stop: CancellationToken,
+    serving: tokio::task::JoinHandle<Result<(), turnpike_dashboard::DashboardError>>,
+}
+
+impl Served {
+    pub(crate) async fn start(stack: &crate::Stack) -> Result<Served> {
+        let users = Users::default().with("bench", turnpike_dashboard::hash_password("bench")?);
+        let access = Access {
+            users,
+            key: SessionKey::random()?,
+            session_ttl: Duration::from_secs(3600),
+            proxies: Default::default(),
+        };
+        let listener = Dashboard::bind("127.0.0.1:0").await?;
+        let base = format!("http://{}", listener.local_addr()?);
+        let stop = CancellationToken::new();
+        let dashboard = Dashboard::new(stack.bus.clone(), stack.config.clone(), access)?;
+        let serving = tokio::spawn(dashboard.serve(listener, stop.clone()));
+        let cookie = dashboard_login(&base, "bench", "bench").await;
+        Ok(Served {
+            base,
+            cookie,
+            stop,
+            serving,
+        })
+    }
+
+    /// `n` requests of `path` (after a warm-up), one at a time: their times, sorted.
+    pub(crate) async fn time(&self, path: &str, n: usize) -> Result<Vec<Duration>> {
+        timed(n, || page(&self.base, &self.cookie, path)).await
+    }
+
+    pub(crate) async fn stop(self) -> Result<()> {
+        self.stop.cancel();
+        self.serving.await?.context("dashboard")?;
+        Ok(())
+    }
+}
+
 async fn page(base: &str, cookie: &str, path: &str) -> Result<()> {
     let (status, _, _) = http(base, "GET", path, &[("Cookie", cookie)], "").await;
     anyhow::ensure!(status == 200, "GET {path}: {status}");
@@ -51,21 +114,13 @@ pub async fn page_time(out: &mut String, stored: usize) -> Result<()> {
     let chats = crate::bucket(&stack.bus, turnpike_core::subjects::BUCKET_CHATS).await?;
     for i in 0..CHATS {
         let chat = ChatId::new(format!("c-{i}"))?;
-        let rec = ChatRecord {
-            v: FORMAT_VERSION,
-            chat: chat.clone(),
-            live: None,
-            waiting: vec![],
-            history: vec![],
-            history_dropped: 0,
-            inbound_seq: 0,
-            errored: (i % 10 == 0).then(|| ChatError {
-                turn: TurnId::for_message(&chat, "x"),
-                at: Timestamp(1_800_000_000_000),
-                reason: "gave up after 3 attempts".into(),
-                cause: Some(turnpike_core::wire::ChatErrorCause::GaveUp),
-            }),
-            cleared: vec![],
+        let rec = if i % 10 == 0 {
+            errored_chat(&chat)
+        } else {
+            ChatRecord {
+                errored: None,
+                ..errored_chat(&chat)
+            }
         };
         chats
             .put(chat.as_str(), serde_json::to_vec(&rec)?.into())
@@ -94,20 +149,8 @@ pub async fn page_time(out: &mut String, stored: usize) -> Result<()> {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 
-    let users = Users::default().with("bench", turnpike_dashboard::hash_password("bench")?);
-    let access = Access {
-        users,
-        key: SessionKey::random()?,
-        session_ttl: Duration::from_secs(3600),
-        proxies: Default::default(),
-    };
-    let listener = Dashboard::bind("127.0.0.1:0").await?;
-    let base = format!("http://{}", listener.local_addr()?);
-    let stop = CancellationToken::new();
-    let dashboard = Dashboard::new(stack.bus.clone(), stack.config.clone(), access)?;
-    let serving = tokio::spawn(dashboard.serve(listener, stop.clone()));
-    let cookie = dashboard_login(&base, "bench", "bench").await;
-
+    let served = Served::start(&stack).await?;
+    let (base, cookie) = (&served.base, &served.cookie);
     let bus: &Bus = &stack.bus;
     let old = TurnId::for_message(&ChatId::new("stored")?, "old-777");
     let chat0 = ChatId::new("live-0")?;
@@ -116,7 +159,7 @@ pub async fn page_time(out: &mut String, stored: usize) -> Result<()> {
     let rows: Vec<(&str, Vec<Duration>, Vec<Duration>)> = vec![
         (
             "overview `/`",
-            timed(SAMPLES, || page(&base, &cookie, "/")).await?,
+            timed(SAMPLES, || page(base, cookie, "/")).await?,
             timed(SAMPLES, || async {
                 read::overview(bus).await.map(drop).map_err(Into::into)
             })
@@ -124,7 +167,7 @@ pub async fn page_time(out: &mut String, stored: usize) -> Result<()> {
         ),
         (
             "errored chats `/errored`",
-            timed(SAMPLES, || page(&base, &cookie, "/errored")).await?,
+            timed(SAMPLES, || page(base, cookie, "/errored")).await?,
             timed(SAMPLES, || async {
                 views::chats(bus).await.map(drop).map_err(Into::into)
             })
@@ -132,7 +175,7 @@ pub async fn page_time(out: &mut String, stored: usize) -> Result<()> {
         ),
         (
             "live turns `/live`",
-            timed(SAMPLES, || page(&base, &cookie, "/live")).await?,
+            timed(SAMPLES, || page(base, cookie, "/live")).await?,
             timed(SAMPLES, || async {
                 let ids = views::live_ids(bus).await?;
                 views::records(bus, &ids)
@@ -144,7 +187,7 @@ pub async fn page_time(out: &mut String, stored: usize) -> Result<()> {
         ),
         (
             "turn `/turns/<id>`",
-            timed(SAMPLES, || page(&base, &cookie, &turn_path)).await?,
+            timed(SAMPLES, || page(base, cookie, &turn_path)).await?,
             timed(SAMPLES, || async {
                 views::turn(bus, &old).await?;
                 views::reruns(bus, &old, 20)
@@ -156,7 +199,7 @@ pub async fn page_time(out: &mut String, stored: usize) -> Result<()> {
         ),
         (
             "runners `/runners`",
-            timed(SAMPLES, || page(&base, &cookie, "/runners")).await?,
+            timed(SAMPLES, || page(base, cookie, "/runners")).await?,
             timed(SAMPLES, || async {
                 views::runners(bus).await.map(drop).map_err(Into::into)
             })
@@ -164,7 +207,7 @@ pub async fn page_time(out: &mut String, stored: usize) -> Result<()> {
         ),
         (
             "chat `/chats/<id>`",
-            timed(SAMPLES, || page(&base, &cookie, &chat_path)).await?,
+            timed(SAMPLES, || page(base, cookie, &chat_path)).await?,
             timed(SAMPLES, || async {
                 views::chat(bus, &chat0).await?;
                 let ids = views::recent_turn_ids(bus, &chat0, 20).await?;
@@ -176,8 +219,7 @@ pub async fn page_time(out: &mut String, stored: usize) -> Result<()> {
             .await?,
         ),
     ];
-    stop.cancel();
-    serving.await?.context("dashboard")?;
+    served.stop().await?;
     for t in &hanging {
         let _ = bus
             .client

@@ -61,12 +61,24 @@ pub(crate) async fn live_turns(out: &mut String, sizes: &[usize], shapes: &[Shap
     )?;
     writeln!(out, "|---|---|---|---|---|---|---|")?;
     let mut config = None;
+    let mut pages = Vec::new();
     for &n in sizes {
         for &shape in shapes {
             let row = one(n, shape).await?;
             writeln!(out, "{}", row.line)?;
             config = Some(row.config);
+            pages.push(row.pages);
         }
+    }
+    writeln!(
+        out,
+        "\nDashboard pages, p50 / p95 of {PAGES} requests each (after 10 warm-up), one at a time over \
+loopback, with 1 chat in 100 flagged errored besides:\n"
+    )?;
+    writeln!(out, "| live turns | {} |", PAGE_NAMES.join(" | "))?;
+    writeln!(out, "|---|{}", "---|".repeat(PAGE_NAMES.len()))?;
+    for p in &pages {
+        writeln!(out, "{p}")?;
     }
     if let Some((lease, heartbeat)) = config {
         writeln!(
@@ -90,8 +102,23 @@ be noticed within lease + heartbeat + 1 s = {:.0} s (lease {}, heartbeat {}).",
 
 struct Row {
     line: String,
+    /// The dashboard's page times, as a row of the pages' table.
+    pages: String,
     config: (Duration, Duration),
 }
+
+/// Requests per dashboard page.
+const PAGES: usize = 40;
+/// The pages timed, in the table's order.
+const PAGE_NAMES: [&str; 7] = [
+    "overview `/`",
+    "live `/live`",
+    "live, last page",
+    "errored `/errored`",
+    "chat `/chats/<id>`",
+    "turn `/turns/<id>`",
+    "runners `/runners`",
+];
 
 /// One size and shape, on a pipeline of its own.
 async fn one(n: usize, shape: Shape) -> Result<Row> {
@@ -128,7 +155,25 @@ async fn one(n: usize, shape: Shape) -> Result<Row> {
         m.settled.1.as_secs_f64() * 1e6 / n.max(1) as f64,
     );
     eprintln!("{line}");
-    Ok(Row { line, config })
+    let cells: Vec<String> = m
+        .pages
+        .iter()
+        .map(|t| format!("{} / {}", ms(percentile(t, 0.5)), ms(percentile(t, 0.95))))
+        .collect();
+    let pages = format!(
+        "| {n} {} | {} |",
+        match shape {
+            Shape::Queued => "queued",
+            Shape::Waiting => "waiting",
+        },
+        cells.join(" | ")
+    );
+    eprintln!("{pages}");
+    Ok(Row {
+        line,
+        pages,
+        config,
+    })
 }
 
 struct Measured {
@@ -144,6 +189,8 @@ struct Measured {
     settled: (Duration, Duration),
     lost_first: Duration,
     lost_last: Duration,
+    /// Each of [`PAGE_NAMES`]'s times, sorted.
+    pages: Vec<Vec<Duration>>,
 }
 
 async fn measure(
@@ -215,6 +262,7 @@ async fn measure(
     }
     views.sort();
     let (rss, _) = crate::procstat::rss_mib(coordinator);
+    let pages = dashboard_pages(stack, n, shape, &hung[0]).await?;
 
     // The runner dies: its attempts are declared lost by the sweep, a lease and a pass later.
     let killed = Instant::now();
@@ -236,7 +284,48 @@ async fn measure(
         settled,
         lost_first: lost.first().copied().unwrap_or_default(),
         lost_last: lost.last().copied().unwrap_or_default(),
+        pages,
     })
+}
+
+/// The dashboard's pages at `n` live turns of `shape`, with one chat in 100 flagged errored
+/// (besides the live ones): each of [`PAGE_NAMES`]'s times.
+async fn dashboard_pages(
+    stack: &Stack,
+    n: usize,
+    shape: Shape,
+    running: &TurnId,
+) -> Result<Vec<Vec<Duration>>> {
+    let bus = &stack.bus;
+    let flagged = (n / 100).max(1);
+    let chats = bucket(bus, turnpike_core::subjects::BUCKET_CHATS).await?;
+    for i in 0..flagged {
+        let chat = ChatId::new(format!("errored-{i}"))?;
+        let record = crate::dashboard::errored_chat(&chat);
+        chats
+            .put(chat.as_str(), serde_json::to_vec(&record)?.into())
+            .await?;
+    }
+    let served = crate::dashboard::Served::start(stack).await?;
+    // The last page of the live list: the oldest turns (50 a page).
+    let last = (n + SLOTS).div_ceil(50).max(1);
+    let chat = ChatId::new("live-0")?;
+    let paths = [
+        "/".to_owned(),
+        "/live".to_owned(),
+        format!("/live?page={last}"),
+        "/errored".to_owned(),
+        format!("/chats/{chat}"),
+        format!("/turns/{running}"),
+        "/runners".to_owned(),
+    ];
+    let mut times = Vec::with_capacity(paths.len());
+    for path in &paths {
+        times.push(served.time(path, PAGES).await?);
+    }
+    served.stop().await?;
+    eprintln!("{n} {shape:?}: pages timed");
+    Ok(times)
 }
 
 /// `n` live turns of `shape`, created as the dispatcher creates them (indexed, recorded, joined

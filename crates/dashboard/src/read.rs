@@ -92,10 +92,13 @@ pub async fn coordinator_counters(
 /// What the overview shows: counters summed over the coordinators, and the cluster's
 /// [`views::Cluster`] view.
 pub async fn overview(bus: &Bus) -> Result<crate::html::Overview, DashboardError> {
-    let (counters, coordinators) = coordinator_counters(bus, Duration::from_millis(50)).await?;
-    let cluster = views::cluster(bus, turnpike_jetstream::now())
-        .await
-        .map_err(|e| kv_err("the cluster", e))?;
+    // At once: the counters' collection waits out 50 ms of quiet for more coordinators.
+    let (counted, cluster) = tokio::join!(
+        coordinator_counters(bus, Duration::from_millis(50)),
+        views::cluster(bus, turnpike_jetstream::now())
+    );
+    let (counters, coordinators) = counted?;
+    let cluster = cluster.map_err(|e| kv_err("the cluster", e))?;
     Ok(crate::html::Overview {
         counters,
         coordinators,

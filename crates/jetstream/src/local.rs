@@ -137,6 +137,21 @@ impl LocalNats {
     pub fn pid(&self) -> u32 {
         self.child.id()
     }
+
+    /// Stop it as an operator would (SIGTERM: it writes out its store and exits), waiting ten
+    /// seconds at most (then it is killed, as on drop).
+    pub fn shut_down(mut self) -> std::io::Result<()> {
+        let sent = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()?;
+        if sent.success() {
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while self.child.try_wait()?.is_none() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+        Ok(())
+    }
 }
 
 impl Drop for LocalNats {

@@ -179,6 +179,15 @@ impl NatsServer {
         self.store.path()
     }
 
+    /// Stop the server as an operator would (SIGTERM: its store written out); the store stays.
+    pub fn shut_down(&mut self) {
+        if let Some(server) = self.server.take() {
+            if let Err(e) = server.shut_down() {
+                eprintln!("stopping the test nats-server: {e}");
+            }
+        }
+    }
+
     /// Kill -9 the server (its store stays).
     pub fn kill(&mut self) {
         self.server = None;
@@ -427,6 +436,34 @@ pub fn csrf_of(page: &str) -> String {
         .expect("a CSRF field on the page")
         + 19;
     page[at..].split('"').next().expect("its value").to_owned()
+}
+
+/// A dashboard on a loopback port of its own over `bus`, its one operator `user` with
+/// `password`: its base URL, and what stops it.
+pub async fn serve_dashboard(
+    bus: &turnpike_store::Bus,
+    config: &turnpike_config::Config,
+    user: &str,
+    password: &str,
+) -> (String, tokio_util::sync::CancellationToken) {
+    use turnpike_dashboard::{Access, Dashboard, SessionKey, Users};
+    let users = Users::default().with(
+        user,
+        turnpike_dashboard::hash_password(password).expect("hash"),
+    );
+    let access = Access {
+        users,
+        key: SessionKey::random().expect("key"),
+        session_ttl: Duration::from_secs(3600),
+        proxies: Default::default(),
+    };
+    let listener = Dashboard::bind("127.0.0.1:0").await.expect("bind");
+    let url = format!("http://{}", listener.local_addr().expect("addr"));
+    let dashboard = Dashboard::new(bus.clone(), config.clone(), access).expect("dashboard");
+    let token = tokio_util::sync::CancellationToken::new();
+    let t = token.clone();
+    tokio::spawn(async move { dashboard.serve(listener, t).await.expect("serve") });
+    (url, token)
 }
 
 /// Log in to a dashboard; returns the `Cookie` header value of the session.

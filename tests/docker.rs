@@ -518,6 +518,8 @@ async fn backend_and_spec(
         },
         attachments: Vec::new(),
         memory_limit: config.memory_limit.0,
+        deadline: turnpike_jetstream::now().saturating_add(config.run_timeout),
+        secrets: Default::default(),
         stop_grace: config.stop_grace,
         watchdog,
     };
@@ -733,4 +735,59 @@ async fn a_gone_runners_containers_are_reaped_by_another_runner_on_the_host() {
     for r in roles {
         r.stop().await;
     }
+}
+
+/// Issue 37: in a container, a secret is the file `/run/secrets/<name>`, readable by the agent's
+/// user only, and (where asked) a variable the watchdog sets from it: the value is never in the
+/// container's configuration. The deadline is in the agent's environment too.
+#[tokio::test]
+async fn secrets_are_files_in_run_secrets_and_variables_from_them() {
+    let secrets = tempfile::tempdir().expect("dir");
+    let value = "tp-docker-secret-0123456789";
+    std::fs::write(secrets.path().join("api_key"), format!("{value}\n")).expect("write");
+    let dir = secrets.path().to_path_buf();
+    let (record, items) = run_one("dt-secrets", "secret:api_key:AGENT_API_KEY", move |c| {
+        c.secrets_dir = Some(dir);
+        c.agent_secrets = "api_key:AGENT_API_KEY".into();
+    })
+    .await;
+    assert_eq!(record.state, TurnState::Done, "{record:?}");
+    assert_eq!(
+        items[0].text,
+        format!(
+            "secret api_key file {} env {}",
+            turnpike_test_agent::fnv1a(format!("{value}\n").as_bytes()),
+            turnpike_test_agent::fnv1a(value.as_bytes())
+        )
+    );
+    // A secret that is gone when an attempt starts: the agent could not start, and the error
+    // names the secret.
+    let server = NatsServer::start();
+    let mut config = docker_config(&server, "dt-secrets-gone");
+    config.secrets_dir = Some(secrets.path().to_path_buf());
+    config.agent_secrets = "api_key".into();
+    let roles = [
+        start_dispatcher(&config).await,
+        start_coordinator(&config).await,
+        start_runner(&config).await,
+    ];
+    std::fs::remove_file(secrets.path().join("api_key")).expect("remove");
+    let bus = Bus::connect(&config, "test").await.expect("bus");
+    let turn = send(&bus, "dt-secrets-gone", "m-1", "reply:hi").await;
+    let record = wait_ended(&bus, &turn, T).await;
+    for r in roles {
+        r.stop().await;
+    }
+    assert_eq!(class(&record, 0), ExitClass::CouldNotStart);
+    let error = record.attempts[0]
+        .exit
+        .as_ref()
+        .and_then(|e| e.error.clone());
+    assert!(
+        error
+            .as_deref()
+            .is_some_and(|e| e.contains("secret api_key cannot be read")),
+        "{error:?}"
+    );
+    assert_eq!(containers_of("dt-secrets-gone").await, Vec::<String>::new());
 }

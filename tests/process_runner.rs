@@ -276,3 +276,48 @@ async fn the_agents_of_a_crashed_runner_are_killed_by_another_runner_on_the_host
         r.stop().await;
     }
 }
+
+/// Issue 37: the agent is told when its run will be stopped (`deadline` in its input and
+/// `TURNPIKE_DEADLINE`), no later than the time limit stops it; one that posts a summary just
+/// before then and ends has replied: done on its first attempt.
+#[tokio::test]
+async fn an_agent_that_answers_before_its_deadline_has_replied() {
+    let limit = Duration::from_secs(3);
+    let p = Pipeline::start(AGENT, |c| c.run_timeout = limit).await;
+    let sent = turnpike_jetstream::now();
+    let turn = send(&p.bus, "chat-d", "m-1", "summary-before-deadline:1").await;
+    let record = wait_ended(&p.bus, &turn, T).await;
+    assert_eq!(record.state, TurnState::Done, "{record:?}");
+    assert_eq!(record.attempts.len(), 1, "{record:?}");
+    let exit = record.attempts[0].exit.clone().expect("exit report");
+    assert_eq!(exit.class, ExitClass::Clean, "{exit:?}");
+    let started = exit
+        .started
+        .as_ref()
+        .and_then(|s| s.started_at)
+        .expect("started");
+    let replies = visible_items(&p.bus, "chat-d").await;
+    let summary = &replies.first().expect("the summary").text;
+    let deadline = summary
+        .strip_prefix("summary before the deadline ")
+        .and_then(|rest| rest.split_once(' '))
+        .map(|(at, _)| turnpike_core::Timestamp::parse_rfc3339(at).expect("RFC 3339"))
+        .unwrap_or_else(|| panic!("{summary}"));
+    assert!(summary.ends_with("(TURNPIKE_DEADLINE agrees)"), "{summary}");
+    // Set as the run's time limit started: after the message was sent, before the agent started.
+    assert!(
+        deadline >= sent.saturating_add(limit),
+        "{deadline} vs sent {sent}"
+    );
+    assert!(
+        deadline <= started.saturating_add(limit),
+        "{deadline} vs started {started}"
+    );
+    // The agent answered no earlier than a second before it (its own sleep).
+    assert!(
+        exit.ended_at.saturating_add(Duration::from_secs(1)) >= deadline,
+        "{deadline} vs ended {}",
+        exit.ended_at
+    );
+    p.stop().await;
+}

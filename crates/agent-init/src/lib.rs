@@ -35,6 +35,37 @@ pub const EXIT_CANNOT_RUN: i32 = 126;
 /// Longest line the init accepts from the runner (the header is the longest).
 pub const MAX_LINE: usize = 64;
 
+/// The variable that tells the init which secrets the agent also gets as variables:
+/// `VAR=name;VAR2=name2`, each `name` a file of [`SECRETS_DIR`]. Names only: a secret's value is
+/// never in the container's configuration, where `docker inspect` would show it. The init reads
+/// the files, sets the variables for the agent, and does not pass this one on.
+pub const SECRET_ENV: &str = "TURNPIKE_SECRET_ENV";
+/// Where an agent's secrets are, one file each, in its container.
+pub const SECRETS_DIR: &str = "/run/secrets";
+
+/// [`SECRET_ENV`]'s value for these (variable, secret name) pairs.
+pub fn secret_env<'a>(pairs: impl IntoIterator<Item = (&'a str, &'a str)>) -> String {
+    pairs
+        .into_iter()
+        .map(|(var, name)| format!("{var}={name}"))
+        .collect::<Vec<_>>()
+        .join(";")
+}
+
+/// The (variable, secret name) pairs of [`SECRET_ENV`]'s value; `None` if it is malformed.
+pub fn parse_secret_env(value: &str) -> Option<Vec<(String, String)>> {
+    value
+        .split(';')
+        .filter(|p| !p.is_empty())
+        .map(|pair| {
+            let (var, name) = pair.split_once('=')?;
+            let plain =
+                |s: &str| !s.is_empty() && !s.contains(['/', '\0']) && s != "." && s != "..";
+            (plain(var) && plain(name)).then(|| (var.to_owned(), name.to_owned()))
+        })
+        .collect()
+}
+
 /// The header that announces the input document.
 pub fn header(len: usize) -> Vec<u8> {
     format!("{MAGIC} {len}\n").into_bytes()
@@ -123,6 +154,22 @@ mod tests {
         }
         for bad in [&b""[..], b"-5", b"1.5", b"5 ", b"\xff"] {
             assert!(parse_beat(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn the_secret_variables_the_runner_names_the_init_reads() {
+        let pairs = [("OPENAI_API_KEY", "openai_key"), ("GH", "gh.token")];
+        let value = secret_env(pairs);
+        assert_eq!(value, "OPENAI_API_KEY=openai_key;GH=gh.token");
+        let parsed = parse_secret_env(&value).expect("parsed");
+        assert_eq!(
+            parsed,
+            pairs.map(|(v, n)| (v.to_owned(), n.to_owned())).to_vec()
+        );
+        assert_eq!(parse_secret_env(""), Some(vec![]));
+        for bad in ["X", "X=", "=n", "X=../etc/passwd", "X=..", "X=a/b"] {
+            assert_eq!(parse_secret_env(bad), None, "{bad:?}");
         }
     }
 }

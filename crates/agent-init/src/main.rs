@@ -13,8 +13,8 @@ use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 use turnpike_agent_init::{
-    parse_beat, parse_header, ProtocolError, EXIT_CANNOT_RUN, EXIT_NOT_FOUND, EXIT_WATCHDOG,
-    MAX_LINE,
+    parse_beat, parse_header, parse_secret_env, ProtocolError, EXIT_CANNOT_RUN, EXIT_NOT_FOUND,
+    EXIT_WATCHDOG, MAX_LINE, SECRETS_DIR, SECRET_ENV,
 };
 
 /// Signals passed on to the agent as they come.
@@ -125,8 +125,12 @@ fn start_agent(
     args: &[std::ffi::OsString],
     document: Vec<u8>,
 ) -> rustix::process::Pid {
-    let spawned = Command::new(program)
-        .args(args)
+    let mut command = Command::new(program);
+    command.args(args).env_remove(SECRET_ENV);
+    for (var, value) in secret_variables() {
+        command.env(var, value);
+    }
+    let spawned = command
         .stdin(Stdio::piped())
         // Its own group, so that outside a container the whole tree can be killed.
         .process_group(0)
@@ -155,6 +159,36 @@ fn start_agent(
     }
 
     agent
+}
+
+/// The variables the runner asked to be set from secret files ([`SECRET_ENV`]): each file
+/// without its trailing newline. One that cannot be had means the agent cannot run; the message
+/// names the secret, never its value.
+fn secret_variables() -> Vec<(String, String)> {
+    let Some(asked) = std::env::var_os(SECRET_ENV) else {
+        return Vec::new();
+    };
+    let cannot = |why: String| -> ! {
+        eprintln!("turnpike-agent-init: {why}");
+        std::process::exit(EXIT_CANNOT_RUN);
+    };
+    let Some(pairs) = asked.to_str().and_then(parse_secret_env) else {
+        cannot(format!("{SECRET_ENV} is malformed"));
+    };
+    pairs
+        .into_iter()
+        .map(|(var, name)| {
+            let path = std::path::Path::new(SECRETS_DIR).join(&name);
+            let value = match std::fs::read(&path) {
+                Ok(v) => v,
+                Err(e) => cannot(format!("cannot read secret {name}: {}", e.kind())),
+            };
+            match String::from_utf8(value) {
+                Ok(v) if !v.contains('\0') => (var, v.trim_end_matches(['\n', '\r']).to_owned()),
+                _ => cannot(format!("secret {name} cannot be a variable")),
+            }
+        })
+        .collect()
 }
 
 /// Pass signals on to the agent and keep its deadline moving with the runner's heartbeats;

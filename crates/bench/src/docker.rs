@@ -262,6 +262,7 @@ pub async fn docker_overhead(out: &mut String) -> Result<()> {
             since(Some(exited)),
         ]);
         // The same image and input document, by hand.
+        let deadline = turnpike_jetstream::now().saturating_add(stack.config.run_timeout);
         let work = turnpike_core::wire::WorkItem {
             v: 1,
             turn: turn.clone(),
@@ -271,11 +272,11 @@ pub async fn docker_overhead(out: &mut String) -> Result<()> {
             message: inbound(&chat, &id, "reply:ok"),
             history: vec![],
         };
-        let input = serde_json::to_vec(&AgentInput::from_work(&work, vec![]))?;
+        let input = serde_json::to_vec(&AgentInput::from_work(&work, vec![], deadline))?;
         // The runner's own container settings (network `none` saves the bridge set-up a default
         // container pays), labelled as the bench's so no runner takes it for its own.
         // Bare: the image's own entrypoint, no watchdog in front of it.
-        let mut body = container.body(&work, stack.config.memory_limit.0, None);
+        let mut body = container.body(&work, stack.config.memory_limit.0, deadline, None);
         body.labels = Some([(BARE_LABEL[0].to_owned(), BARE_LABEL[1].to_owned())].into());
         let name = format!("turnpike-bench-bare-{i}");
         let marks = bare_run(&docker, body, &input, &name).await?;

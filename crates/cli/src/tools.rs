@@ -27,6 +27,8 @@ pub fn container_spec(config: &Config) -> Result<ExitCode> {
     let body = turnpike_runner::backend::ContainerSettings::new(config, runner).body(
         &work,
         config.memory_limit.0,
+        // An attempt started now.
+        turnpike_jetstream::now().saturating_add(config.run_timeout),
         Some(command),
     );
     println!("{}", serde_json::to_string_pretty(&body)?);

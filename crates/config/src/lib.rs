@@ -20,8 +20,10 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+mod secrets;
 mod units;
 mod validate;
+pub use secrets::{parse_agent_secrets, AgentSecret, SECRET_NAME_MAX};
 pub use units::{parse_bytes, ByteSize, ByteSizeError};
 
 /// The file read when no other is named (in the working directory).
@@ -111,6 +113,18 @@ pub struct Config {
     /// Docker network mode of agent containers: `none`, `bridge`, or a network name (never
     /// `host`, nor `container:<id>`, which would share another container's network).
     pub network_mode: String,
+    /// Directory of the secrets agents may be given, one file each, named as the secret: e.g.
+    /// `/run/secrets` in a runner's container, where Docker and compose put secrets. Read at
+    /// every attempt, so a rotated file is used from the next attempt on. A value never enters
+    /// a record, a stream, a log line or an error; the runner takes every value out of what an
+    /// agent prints (values under 8 bytes excepted: too likely to occur by chance).
+    pub secrets_dir: Option<PathBuf>,
+    /// The secrets each agent gets, comma-separated: `name` (the file `/run/secrets/<name>` in
+    /// its container; `$TURNPIKE_SECRETS/<name>` with the process backend) or `name:ENV_VAR`
+    /// (also the variable `ENV_VAR`, holding the file without its trailing newline), e.g.
+    /// `openai_key:OPENAI_API_KEY`. Needs `secrets_dir`; an attempt whose secret is missing
+    /// could not start.
+    pub agent_secrets: String,
     /// User agent containers run as: `uid[:gid]`, numbers, neither 0 (read as the engine reads
     /// them: `00` and `+0` are root too; a name is refused, since the image decides what it is).
     pub agent_user: String,
@@ -283,6 +297,8 @@ impl Default for Config {
             network_mode: "none".into(),
             agent_user: "65534:65534".into(),
             stop_grace: Duration::from_secs(10),
+            secrets_dir: None,
+            agent_secrets: String::new(),
             attachment_max_bytes: ByteSize(10 * 1024 * 1024),
             history_limit: 50,
             history_max_bytes: ByteSize(256 * 1024),
@@ -389,6 +405,15 @@ impl Config {
             attempts: self.attempt_limit(),
             chat_queue: self.chat_queue_max,
         }
+    }
+
+    /// The secrets each agent gets (`agent_secrets`).
+    pub fn agent_secrets(&self) -> Result<Vec<AgentSecret>, ConfigError> {
+        parse_agent_secrets(&self.agent_secrets).map_err(|why| ConfigError::Invalid {
+            key: "agent_secrets",
+            value: self.agent_secrets.clone(),
+            why,
+        })
     }
 
     /// The limits an inbound message is checked against.

@@ -176,6 +176,13 @@ impl Config {
                 "agent containers need a positive process limit",
             ));
         }
+        if !self.agent_secrets()?.is_empty() && self.secrets_dir.is_none() {
+            return Err(invalid(
+                "agent_secrets",
+                self.agent_secrets.clone(),
+                "set secrets_dir, the directory the secrets are read from",
+            ));
+        }
         if self.runner_slots == 0 {
             return Err(invalid(
                 "runner_slots",

@@ -146,9 +146,29 @@ impl Attempt {
 
     async fn fenced_run(&self) -> Result<Run, Ended> {
         let fence_seq = self.fence().await?;
+        let secrets = self.secrets().await?;
         // Kept until the run is over: the backend reads the files from it.
         let spool = self.attachments().await?;
-        Ok(self.run(fence_seq, &spool).await)
+        Ok(self.run(fence_seq, &spool, secrets).await)
+    }
+
+    /// Read the agent's secrets now (a rotated file counts from the next attempt on). One that
+    /// cannot be read means the agent cannot start; the error names it, never its value.
+    async fn secrets(&self) -> Result<crate::secrets::Secrets, Ended> {
+        let ctx = &self.ctx;
+        let Some(dir) = ctx.config.secrets_dir.as_deref() else {
+            return Ok(crate::secrets::Secrets::default());
+        };
+        crate::secrets::Secrets::read(dir, &ctx.secrets)
+            .await
+            .map_err(|e| {
+                warn!(error = %e, "a secret cannot be given to the agent");
+                ExitReport::without_output(
+                    turnpike_core::wire::ExitClass::CouldNotStart,
+                    e.to_string(),
+                    now(),
+                )
+            })
     }
 
     /// Take the fence: from here on, this attempt's bot messages land only while the turn's
@@ -223,12 +243,22 @@ impl Attempt {
 
     /// Run the agent on the backend while its output lands on the chat, under fence `fence_seq`,
     /// until it exits or is stopped.
-    async fn run(&self, fence_seq: u64, spool: &crate::attachments::Spool) -> Run {
+    async fn run(
+        &self,
+        fence_seq: u64,
+        spool: &crate::attachments::Spool,
+        secrets: crate::secrets::Secrets,
+    ) -> Run {
         let (ctx, work) = (&self.ctx, &self.work);
+        // The time limit's clock starts here (`Causes::watch` below): the deadline is no later
+        // than when the run is stopped.
+        let deadline = now().saturating_add(ctx.config.run_timeout);
         let spec = RunSpec {
             work: work.clone(),
             attachments: spool.files.clone(),
             memory_limit: ctx.config.memory_limit.0,
+            deadline,
+            secrets: secrets.clone(),
             stop_grace: ctx.config.stop_grace,
             watchdog: self.watchdog.clone(),
         };
@@ -240,7 +270,9 @@ impl Attempt {
         let stop_rx = self.stop_rx.clone();
         let run =
             tokio::spawn(async move { backend_inner.backend.run(&spec, out_tx, stop_rx).await });
-        let mut lander = crate::land::Lander::new(ctx, work, fence_seq);
+        let redactor = secrets.redactor();
+        let mut lander = crate::land::Lander::new(ctx, work, fence_seq, redactor.clone());
+        let mut stderr = crate::lines::LineSplitter::new(crate::lines::MAX_LINE);
         let mut started_at = None;
         while let Some(chunk) = out_rx.recv().await {
             match chunk {
@@ -255,12 +287,14 @@ impl Attempt {
                 }
                 Output::Stdout(bytes) => lander.stdout(&bytes, &self.stop_tx).await,
                 Output::Stderr(bytes) => {
-                    for line in String::from_utf8_lossy(&bytes).lines() {
-                        // What an agent prints is quoted cut short, like every value from outside.
-                        debug!(stderr = %turnpike_core::sizes::quote(line), "agent");
+                    for line in stderr.push(&bytes) {
+                        log_stderr(line, &redactor);
                     }
                 }
             }
+        }
+        if let Some(line) = stderr.finish() {
+            log_stderr(line, &redactor);
         }
         let landing = lander.finish(&self.stop_tx).await;
         let raw = match run.await {
@@ -314,6 +348,18 @@ impl Attempt {
         }
         Some(report)
     }
+}
+
+/// A line the agent wrote on stderr, as a debug log: quoted cut short like every value from
+/// outside, its secrets taken out (whole lines, so a secret split across reads is whole).
+fn log_stderr(line: crate::lines::Line, redactor: &crate::secrets::Redactor) {
+    use crate::lines::Line;
+    let text = match line {
+        Line::Text(t) => t,
+        Line::Oversize { len, head } => format!("{head}… ({len} bytes)"),
+        Line::NotUtf8 { len } => format!("({len} bytes, not UTF-8)"),
+    };
+    debug!(stderr = %turnpike_core::sizes::quote(&redactor.redact(&text)), "agent");
 }
 
 /// The exit of an attempt the fence says must not run at all.

@@ -52,11 +52,18 @@ pub(crate) struct Lander<'a> {
     /// A bot message was published and never acknowledged: it may have landed or not, so
     /// `landed` may be short (see [`crate::claim::settle_uncertain`]).
     uncertain: bool,
+    /// Takes the agent's secrets out of what it says, before anything lands or is logged.
+    redactor: crate::secrets::Redactor,
 }
 
 impl<'a> Lander<'a> {
     /// A lander for `work`, whose fence this runner holds at `fence_seq`.
-    pub(crate) fn new(ctx: &'a RunnerContext, work: &'a WorkItem, fence_seq: u64) -> Self {
+    pub(crate) fn new(
+        ctx: &'a RunnerContext,
+        work: &'a WorkItem,
+        fence_seq: u64,
+        redactor: crate::secrets::Redactor,
+    ) -> Self {
         Lander {
             ctx,
             work,
@@ -72,6 +79,7 @@ impl<'a> Lander<'a> {
             any_output: false,
             fenced: false,
             uncertain: false,
+            redactor,
         }
     }
 
@@ -125,7 +133,7 @@ impl<'a> Lander<'a> {
         let parsed: AgentLine = match serde_json::from_str(&text) {
             Ok(p) => p,
             Err(e) => {
-                let shown: String = text.chars().take(200).collect();
+                let shown: String = self.redactor.redact(&text).chars().take(200).collect();
                 debug!(line = %shown, error = %e, "agent stdout (not a protocol line)");
                 return;
             }
@@ -134,6 +142,18 @@ impl<'a> Lander<'a> {
     }
 
     async fn parsed(&mut self, line: AgentLine, stop: &watch::Sender<Option<StopReason>>) {
+        let line = match line {
+            AgentLine::Message { text } => AgentLine::Message {
+                text: self.redactor.redact_owned(text),
+            },
+            AgentLine::Status { text } => AgentLine::Status {
+                text: self.redactor.redact_owned(text),
+            },
+            AgentLine::Result { status, error } => AgentLine::Result {
+                status,
+                error: error.map(|e| self.redactor.redact_owned(e)),
+            },
+        };
         match line {
             AgentLine::Message { text } => self.message(text, stop).await,
             AgentLine::Status { text } => self.status(text).await,

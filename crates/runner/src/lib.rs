@@ -16,6 +16,7 @@ mod patience;
 mod reaper;
 mod retries;
 mod scratch;
+pub mod secrets;
 mod stop;
 
 use async_nats::jetstream::consumer::PullConsumer;
@@ -38,6 +39,10 @@ pub enum RunnerError {
     Backend(#[from] backend::BackendError),
     #[error("{0}")]
     Identity(String),
+    #[error(transparent)]
+    Config(#[from] turnpike_config::ConfigError),
+    #[error(transparent)]
+    Secret(#[from] secrets::SecretError),
 }
 
 pub struct Runner {
@@ -132,6 +137,11 @@ impl Runner {
     pub async fn new(bus: Bus, config: Config) -> Result<Runner, RunnerError> {
         check_identity(&config)?;
         let id = runner_id(&config);
+        let secrets = config.agent_secrets()?;
+        // Every secret readable now, or no start: better than every attempt failing to start.
+        if let Some(dir) = &config.secrets_dir {
+            secrets::Secrets::read(dir, &secrets).await?;
+        }
         let backend = match config.runner_backend {
             turnpike_config::Backend::Process => {
                 let command = config
@@ -151,6 +161,7 @@ impl Runner {
                 id,
                 bus,
                 config,
+                secrets,
                 backend,
                 hard_stop: CancellationToken::new(),
                 running: std::sync::atomic::AtomicU32::new(0),

@@ -17,6 +17,7 @@
 //! | `flood:<n>` | sends n messages |
 //! | `big-reply:<n>` | replies one message of n bytes |
 //! | `reply-then-hang` | replies, then hangs |
+//! | `summary-before-deadline:<s>` | thinks (sleeps) until `<s>` seconds before its deadline, replies a summary naming the deadline (and whether `TURNPIKE_DEADLINE` says the same), and exits cleanly |
 //! | `reply-when-file:<path>` | waits until `<path>` exists, replies, then hangs |
 //! | `die-when-file:<path>` | waits until `<path>` exists, then exits 1 with no reply |
 //! | `reply-then-exit:<s>` | replies, then exits cleanly `<s>` seconds later |
@@ -24,6 +25,9 @@
 //! | `error-and-die:<n>` | reports an error of n control characters, then exits 1 (a death) |
 //! | `write-file:<path>` | tries to create `<path>`; replies `wrote <path>` or `refused <path>: <error>` |
 //! | `attachments` | replies, per attachment, its path, size and FNV-1a hash (tests check bytes) |
+//! | `secret:<name>[:<VAR>]` | replies the FNV-1a hash of secret `<name>`'s file (in `$TURNPIKE_SECRETS`) and of variable `<VAR>` |
+//! | `leak:<name>` | prints secret `<name>` in a status line, on stderr and as a stray stdout line; on attempt 1 then reports it as its error and exits 1 (retried), later replies with it |
+//! | `leak-fail:<name>` | reports secret `<name>` as its error and exits 0 (a failure, not retried) |
 //! | anything else | echoes the text back |
 //!
 //! The modifier `with-attachments` makes the agent send a status line describing its attachments
@@ -84,6 +88,12 @@ pub fn fnv1a(bytes: &[u8]) -> String {
         h = h.wrapping_mul(0x0100_0000_01b3);
     }
     format!("{h:016x}")
+}
+
+/// Secret `name`'s file, as the runner gave it (`$TURNPIKE_SECRETS/<name>`).
+fn secret_file(name: &str) -> Option<Vec<u8>> {
+    let dir = std::env::var_os("TURNPIKE_SECRETS")?;
+    std::fs::read(std::path::Path::new(&dir).join(name)).ok()
 }
 
 fn hang() -> ! {
@@ -273,6 +283,26 @@ impl Script<'_> {
                 self.reply("an answer, then silence");
                 hang();
             }
+            "summary-before-deadline" => {
+                // What a real agent should do with its deadline: answer in time, in short.
+                let margin: f64 = self.arg.and_then(|a| a.parse().ok()).unwrap_or(1.0);
+                let deadline = self.input.deadline;
+                let env = std::env::var("TURNPIKE_DEADLINE").unwrap_or_default();
+                let left = deadline
+                    .to_system_time()
+                    .duration_since(std::time::SystemTime::now())
+                    .unwrap_or_default();
+                std::thread::sleep(left.saturating_sub(Duration::from_secs_f64(margin.max(0.0))));
+                self.reply(&format!(
+                    "summary before the deadline {deadline} (TURNPIKE_DEADLINE {})",
+                    if env == deadline.to_string() {
+                        "agrees"
+                    } else {
+                        "differs"
+                    }
+                ));
+                result_ok();
+            }
             _ => return false,
         }
         true
@@ -295,6 +325,45 @@ impl Script<'_> {
             }
             "attachments" => {
                 message(&self.attachment_summary());
+                result_ok();
+            }
+            "secret" => {
+                let (name, var) = match self.arg.unwrap_or_default().split_once(':') {
+                    Some((n, v)) => (n, Some(v)),
+                    None => (self.arg.unwrap_or_default(), None),
+                };
+                let file = secret_file(name).map(|v| fnv1a(&v));
+                let env = var
+                    .and_then(|v| std::env::var(v).ok())
+                    .map(|v| fnv1a(v.as_bytes()));
+                self.reply(&format!(
+                    "secret {name} file {} env {}",
+                    file.unwrap_or_else(|| "missing".into()),
+                    env.unwrap_or_else(|| "missing".into())
+                ));
+                result_ok();
+            }
+            "leak" | "leak-fail" => {
+                let fail = name == "leak-fail";
+                let value = secret_file(self.arg.unwrap_or_default())
+                    .map(|v| String::from_utf8_lossy(&v).trim_end().to_owned())
+                    .unwrap_or_default();
+                if fail {
+                    emit(
+                        json!({"type": "result", "status": "error", "error": format!("refused with key {value}")}),
+                    );
+                    std::process::exit(0);
+                }
+                status(&format!("calling the model with key {value}"));
+                diag(format_args!("Authorization: Bearer {value}"));
+                raw_line(&format!("debug: key={value}"));
+                if self.input.work.attempt < 2 {
+                    emit(
+                        json!({"type": "result", "status": "error", "error": format!("401 for key {value}")}),
+                    );
+                    std::process::exit(1);
+                }
+                self.reply(&format!("my key is {value}"));
                 result_ok();
             }
             "error-and-die" => {

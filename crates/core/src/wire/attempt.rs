@@ -38,6 +38,9 @@ pub struct AgentInput {
     pub prompt: String,
     /// Paths of the attachment files as the agent sees them.
     pub attachments: Vec<String>,
+    /// When the run will be stopped (its time limit), by the clock of the host it runs on: an
+    /// agent that posts a summary before then has replied; one stopped mid-thought has not.
+    pub deadline: Timestamp,
 }
 
 impl WorkItem {
@@ -48,12 +51,14 @@ impl WorkItem {
 }
 
 impl AgentInput {
-    /// The input of `work`'s attempt, its attachments at `attachment_paths`.
-    pub fn from_work(work: &WorkItem, attachment_paths: Vec<String>) -> Self {
+    /// The input of `work`'s attempt, its attachments at `attachment_paths`, stopped at
+    /// `deadline`.
+    pub fn from_work(work: &WorkItem, attachment_paths: Vec<String>, deadline: Timestamp) -> Self {
         AgentInput {
             work: work.clone(),
             prompt: work.prompt(),
             attachments: attachment_paths,
+            deadline,
         }
     }
 }

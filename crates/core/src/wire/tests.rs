@@ -100,6 +100,7 @@ fn every_message_round_trips_in_both_codecs() {
     round_trip(AgentInput::from_work(
         &work(),
         vec!["/turnpike/attachments/report.pdf".into()],
+        Timestamp(1_800_000_300_000),
     ));
     let at = Timestamp(1_800_000_000_000);
     for kind in [
@@ -411,7 +412,11 @@ fn counters_keep_their_turn_counts_at_the_top_of_the_object() {
 
 #[test]
 fn the_agents_input_is_one_flat_document() {
-    let input = AgentInput::from_work(&work(), vec!["/turnpike/attachments/a.txt".into()]);
+    let input = AgentInput::from_work(
+        &work(),
+        vec!["/turnpike/attachments/a.txt".into()],
+        Timestamp(1_800_000_300_000),
+    );
     let json: serde_json::Value = serde_json::to_value(&input).expect("encode");
     for field in [
         "v",
@@ -423,9 +428,11 @@ fn the_agents_input_is_one_flat_document() {
         "message",
         "history",
         "attachments",
+        "deadline",
     ] {
         assert!(json.get(field).is_some(), "{field} missing: {json}");
     }
+    assert_eq!(json["deadline"], "2027-01-15T08:05:00.000Z", "{json}");
     assert!(json.get("work").is_none(), "{json}");
 }
 

@@ -45,6 +45,8 @@ pub const LABEL_DEPLOYMENT: &str = "turnpike.deployment";
 pub const RUN_DIR: &str = "/turnpike";
 /// Where attachments appear inside the container.
 pub const ATTACHMENT_DIR: &str = "/turnpike/attachments";
+/// Where an agent finds its secrets, one file each (as Docker and compose put them).
+pub const SECRETS_DIR: &str = turnpike_agent_init::SECRETS_DIR;
 /// The watchdog (`turnpike-agent-init`), PID 1 of every agent container.
 pub const INIT_PATH: &str = "/turnpike/init";
 /// Size of the agent's writable /tmp (a tmpfs, so it counts against the memory limit).

@@ -26,6 +26,11 @@ pub struct RunSpec {
     /// Attachment files, spooled on disk, with the names the agent sees.
     pub attachments: Vec<crate::attachments::Spooled>,
     pub memory_limit: u64,
+    /// When the run's time limit stops it (this host's clock): the agent is told, to post a
+    /// summary before then.
+    pub deadline: turnpike_core::Timestamp,
+    /// The agent's secrets: files, and variables where asked.
+    pub secrets: crate::secrets::Secrets,
     pub stop_grace: Duration,
     /// When the agent must be stopped if the runner cannot stop it itself (frozen, cut off):
     /// moved on by each lease renewal. The docker backend's watchdog enforces it inside the

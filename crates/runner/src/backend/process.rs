@@ -121,7 +121,9 @@ impl ProcessBackend {
             .await
             .map_err(|e| engine_error(format!("cannot create the attempt's temp dir: {e}")))?;
         let paths = place_attachments(&dir.path().join("attachments"), spec).await?;
-        let input = serde_json::to_vec(&AgentInput::from_work(work, paths))
+        let secrets_dir = dir.path().join("secrets");
+        place_secrets(&secrets_dir, spec).await?;
+        let input = serde_json::to_vec(&AgentInput::from_work(work, paths, spec.deadline))
             .map_err(|e| engine_error(format!("cannot encode the input document: {e}")))?;
         let mut command = Command::new(&self.argv[0]);
         command
@@ -132,6 +134,8 @@ impl ProcessBackend {
             .env("HOME", dir.path())
             .env("TURNPIKE_TURN", work.turn.as_str())
             .env("TURNPIKE_ATTEMPT", work.attempt.to_string())
+            .env("TURNPIKE_DEADLINE", spec.deadline.to_string())
+            .env("TURNPIKE_SECRETS", &secrets_dir)
             // Inherited by every process of the run, also one that leaves its process group.
             .env(
                 tree::RUN_TAG,
@@ -142,6 +146,11 @@ impl ProcessBackend {
             .stderr(Stdio::piped())
             .kill_on_drop(true)
             .process_group(0);
+        for s in spec.secrets.iter() {
+            if let (Some(var), Some(value)) = (&s.env, s.env_value()) {
+                command.env(var, value);
+            }
+        }
         Ok(Created {
             dir,
             input,
@@ -208,6 +217,32 @@ async fn place_attachments(dir: &std::path::Path, spec: &RunSpec) -> Result<Vec<
         paths.push(path.to_string_lossy().into_owned());
     }
     Ok(paths)
+}
+
+/// The agent's secrets as files of `dir` (readable by their owner only), which the run's
+/// directory takes away with it. An error names the file, never what it holds.
+async fn place_secrets(dir: &std::path::Path, spec: &RunSpec) -> Result<(), RawExit> {
+    use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+    if spec.secrets.is_empty() {
+        return Ok(());
+    }
+    let (dir, secrets) = (dir.to_path_buf(), spec.secrets.clone());
+    let placed = tokio::task::spawn_blocking(move || {
+        std::fs::DirBuilder::new().mode(0o700).create(&dir)?;
+        for s in secrets.iter() {
+            let mut file = std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o400)
+                .open(dir.join(&s.name))?;
+            std::io::Write::write_all(&mut file, s.value())?;
+        }
+        Ok::<_, std::io::Error>(())
+    })
+    .await
+    .map_err(std::io::Error::other)
+    .and_then(|r| r);
+    placed.map_err(|e| engine_error(format!("cannot place the agent's secrets: {}", e.kind())))
 }
 
 /// Wait until the agent exits or a stop comes; on a stop, TERM its process group, then KILL it
@@ -411,6 +446,8 @@ mod tests {
             },
             attachments: Vec::new(),
             memory_limit: 1 << 30,
+            deadline: turnpike_jetstream::now(),
+            secrets: Default::default(),
             stop_grace: std::time::Duration::from_secs(1),
             watchdog: watch::channel(std::time::Instant::now()).1,
         };

@@ -65,6 +65,20 @@ pub(super) async fn load_init(docker: &Docker, image: &str) -> Result<bytes::Byt
 /// `attachments/<name>` per attachment (readable by any user), packed from memory and the
 /// spooled files into an unnamed temporary file and streamed from there: never more than a
 /// buffer of the attachments in memory.
+/// The secrets as a tar of files owned by `uid`, mode 0400, in memory (they are small).
+pub(super) fn secrets_tar(secrets: &crate::secrets::Secrets, uid: u64) -> std::io::Result<Vec<u8>> {
+    let mut builder = tar::Builder::new(Vec::new());
+    for s in secrets.iter() {
+        let mut h = tar::Header::new_gnu();
+        h.set_mode(0o400);
+        h.set_uid(uid);
+        h.set_size(s.value().len() as u64);
+        h.set_cksum();
+        builder.append_data(&mut h, &s.name, s.value())?;
+    }
+    builder.into_inner()
+}
+
 pub(super) async fn run_dir_tar(
     init: bytes::Bytes,
     files: Vec<crate::attachments::Spooled>,

@@ -1,7 +1,7 @@
 //! One attempt's container: created, fed, started, watched until it exits or is stopped, removed.
 
 use super::super::{Output, RunSpec};
-use super::image::run_dir_tar;
+use super::image::{run_dir_tar, secrets_tar};
 use super::*;
 use crate::backend::process::wait_stop;
 use bollard::container::LogOutput;
@@ -38,7 +38,7 @@ impl DockerBackend {
             .iter()
             .map(|a| format!("{ATTACHMENT_DIR}/{}", a.name))
             .collect();
-        let input = match serde_json::to_vec(&AgentInput::from_work(work, paths)) {
+        let input = match serde_json::to_vec(&AgentInput::from_work(work, paths, spec.deadline)) {
             Ok(i) => i,
             Err(e) => return engine_error(format!("cannot encode the input document: {e}")),
         };
@@ -59,6 +59,7 @@ impl DockerBackend {
         let body = self.container.body(
             work,
             spec.memory_limit,
+            spec.deadline,
             Some(watchdog_command(first, command)),
         );
         let created = self
@@ -129,8 +130,25 @@ impl DockerBackend {
         self.collect(id, wait_code, stopped_by, &oom).await
     }
 
-    /// Copy the watchdog and the attachments into the container's run directory.
+    /// Copy the watchdog and the attachments into the container's run directory, and its
+    /// secrets into their own (readable by the agent's user only).
     async fn fill(&self, id: &str, spec: &RunSpec) -> Result<(), RawExit> {
+        if !spec.secrets.is_empty() {
+            let tar = secrets_tar(&spec.secrets, self.container.uid())
+                .map_err(|e| engine_error(format!("cannot pack the secrets: {}", e.kind())))?;
+            let opts = UploadToContainerOptionsBuilder::new()
+                .path(SECRETS_DIR)
+                .build();
+            self.docker
+                .upload_to_container(id, Some(opts), bollard::body_full(tar.into()))
+                .await
+                // The engine's words, never the bytes sent.
+                .map_err(|e| {
+                    engine_error(format!(
+                        "copying the secrets into the container failed: {e}"
+                    ))
+                })?;
+        }
         let tar = run_dir_tar(self.init.clone(), spec.attachments.clone())
             .await
             .map_err(|e| engine_error(format!("cannot pack the watchdog and attachments: {e}")))?;

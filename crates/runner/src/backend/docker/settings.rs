@@ -31,6 +31,8 @@ pub struct ContainerSettings {
     pub(super) network_mode: String,
     pub(super) pids_limit: i64,
     pub(super) nano_cpus: i64,
+    /// The secrets each agent gets: names and variables (the values go in files).
+    pub(super) secrets: Vec<turnpike_config::AgentSecret>,
 }
 
 impl ContainerSettings {
@@ -44,7 +46,15 @@ impl ContainerSettings {
             network_mode: config.network_mode.clone(),
             pids_limit: config.pids_limit,
             nano_cpus: (config.cpus * 1e9) as i64,
+            // Checked when the config was loaded (a runner does not start with a bad list).
+            secrets: config.agent_secrets().unwrap_or_default(),
         }
+    }
+
+    /// The agent's user id, owner of its secret files (`agent_user` is numeric, checked at load).
+    pub(super) fn uid(&self) -> u64 {
+        let uid = self.user.split(':').next().unwrap_or_default();
+        uid.trim_start_matches('+').parse().unwrap_or(65534)
     }
 
     /// What an attempt's container is created with: the image, the numeric user, stdin for the
@@ -55,6 +65,7 @@ impl ContainerSettings {
         &self,
         work: &WorkItem,
         memory_limit: u64,
+        deadline: turnpike_core::Timestamp,
         command: Option<Vec<String>>,
     ) -> ContainerCreateBody {
         let memory = i64::try_from(memory_limit).unwrap_or(i64::MAX);
@@ -70,10 +81,7 @@ impl ContainerSettings {
             open_stdin: Some(true),
             stdin_once: Some(true),
             tty: Some(false),
-            env: Some(vec![
-                format!("TURNPIKE_TURN={}", work.turn),
-                format!("TURNPIKE_ATTEMPT={}", work.attempt),
-            ]),
+            env: Some(self.env(work, deadline)),
             labels: Some(HashMap::from([
                 (LABEL_MANAGED.to_owned(), "true".to_owned()),
                 (LABEL_RUNNER.to_owned(), self.runner.to_string()),
@@ -101,11 +109,18 @@ impl ContainerSettings {
                     "/tmp".to_owned(),
                     format!("rw,noexec,nosuid,size={TMP_BYTES}"),
                 )])),
-                mounts: Some(vec![Mount {
-                    target: Some(RUN_DIR.to_owned()),
-                    typ: Some(MountType::VOLUME),
-                    ..Default::default()
-                }]),
+                // Secrets, when there are any, in a volume of their own at the path agents
+                // expect (`/run/secrets`), filled before the agent starts.
+                mounts: Some(
+                    std::iter::once(RUN_DIR)
+                        .chain((!self.secrets.is_empty()).then_some(SECRETS_DIR))
+                        .map(|target| Mount {
+                            target: Some(target.to_owned()),
+                            typ: Some(MountType::VOLUME),
+                            ..Default::default()
+                        })
+                        .collect(),
+                ),
                 // The engine keeps what the agent prints in the container's log too: bounded.
                 log_config: Some(HostConfigLogConfig {
                     typ: Some("json-file".to_owned()),
@@ -119,6 +134,31 @@ impl ContainerSettings {
             }),
             ..Default::default()
         }
+    }
+}
+
+impl ContainerSettings {
+    /// The run's environment: which attempt it is, its deadline, and where its secrets are
+    /// (names only: the init sets the variables from the files, so no value is in the
+    /// container's configuration).
+    fn env(&self, work: &WorkItem, deadline: turnpike_core::Timestamp) -> Vec<String> {
+        let mut env = vec![
+            format!("TURNPIKE_TURN={}", work.turn),
+            format!("TURNPIKE_ATTEMPT={}", work.attempt),
+            format!("TURNPIKE_DEADLINE={deadline}"),
+        ];
+        if !self.secrets.is_empty() {
+            env.push(format!("TURNPIKE_SECRETS={SECRETS_DIR}"));
+            let vars = self
+                .secrets
+                .iter()
+                .filter_map(|s| Some((s.env.as_deref()?, s.name.as_str())));
+            let vars = turnpike_agent_init::secret_env(vars);
+            if !vars.is_empty() {
+                env.push(format!("{}={vars}", turnpike_agent_init::SECRET_ENV));
+            }
+        }
+        env
     }
 }
 

@@ -515,8 +515,10 @@ async fn backend_and_spec(
             max_attempts: 1,
             message,
             history: Vec::new(),
+            profile: None,
         },
         attachments: Vec::new(),
+        profile: config.profile(None).expect("the default profile"),
         memory_limit: config.memory_limit.0,
         deadline: turnpike_jetstream::now().saturating_add(config.run_timeout),
         secrets: Default::default(),
@@ -790,4 +792,72 @@ async fn secrets_are_files_in_run_secrets_and_variables_from_them() {
         "{error:?}"
     );
     assert_eq!(containers_of("dt-secrets-gone").await, Vec::<String>::new());
+}
+
+/// Issue 37, the concept's remedy for a folder that runs out of memory: not more retries, a
+/// larger limit. A chat whose profile gives 64 MiB gives up on an agent that needs ~100 MiB
+/// (out of memory, at 64 MiB by its record); moved to a 256 MiB profile and re-run, it answers,
+/// and its record says with which profile.
+#[tokio::test]
+async fn out_of_memory_at_a_small_profile_answers_after_a_move_to_a_larger_one() {
+    use turnpike_core::subjects::{OPS_PROFILE, OPS_RERUN};
+    use turnpike_core::wire::OpsRequest;
+    let server = NatsServer::start();
+    let mut config = docker_config(&server, "dt-profiles");
+    let profile = |mib: u64| turnpike_config::ProfileSettings {
+        memory_limit: Some(ByteSize(mib << 20)),
+        ..Default::default()
+    };
+    config.profiles.insert("small".into(), profile(64));
+    config.profiles.insert("large".into(), profile(256));
+    config.default_profile = "small".into();
+    let roles = [
+        start_dispatcher(&config).await,
+        start_coordinator(&config).await,
+        start_runner(&config).await,
+    ];
+    let bus = Bus::connect(&config, "test").await.expect("bus");
+    let turn = send(&bus, "dt-profiles", "m-1", "alloc:100").await;
+    let record = wait_ended(&bus, &turn, T).await;
+    assert_eq!(record.state, TurnState::GaveUp, "{record:?}");
+    let exit = record.attempts[0].exit.clone().expect("exit");
+    assert_eq!(exit.class, ExitClass::OomKilled, "{exit:?}");
+    let used = exit
+        .started
+        .and_then(|s| s.profile)
+        .expect("the profile used");
+    assert_eq!((used.name.as_str(), used.memory_limit), ("small", 64 << 20));
+
+    let chat = turnpike_core::ChatId::new("dt-profiles").expect("chat");
+    let moved = ops(
+        &bus,
+        OPS_PROFILE,
+        OpsRequest::profile("tester", chat, Some("large".into())),
+    )
+    .await;
+    assert!(moved.ok, "{moved:?}");
+    let rerun = ops(&bus, OPS_RERUN, OpsRequest::turn("tester", turn)).await;
+    assert!(rerun.ok, "{rerun:?}");
+    let again = rerun.turn.expect("the new turn");
+    let record = wait_ended(&bus, &again, T).await;
+    assert_eq!(record.state, TurnState::Done, "{record:?}");
+    let used = record.attempts[0]
+        .exit
+        .clone()
+        .and_then(|e| e.started)
+        .and_then(|s| s.profile)
+        .expect("the profile used");
+    assert_eq!(
+        (used.name.as_str(), used.memory_limit),
+        ("large", 256 << 20)
+    );
+    let items = visible_items(&bus, "dt-profiles").await;
+    assert!(
+        items.iter().any(|i| i.text == "allocated 100 MiB"),
+        "{items:?}"
+    );
+    for r in roles {
+        r.stop().await;
+    }
+    assert_eq!(containers_of("dt-profiles").await, Vec::<String>::new());
 }

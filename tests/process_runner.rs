@@ -321,3 +321,166 @@ async fn an_agent_that_answers_before_its_deadline_has_replied() {
     );
     p.stop().await;
 }
+
+/// The profile named `name` on the config: a run time limit of `secs`.
+fn with_profile(c: &mut turnpike_config::Config, name: &str, secs: u64) {
+    c.profiles.insert(
+        name.into(),
+        turnpike_config::ProfileSettings {
+            run_timeout: Some(Duration::from_secs(secs)),
+            memory_limit: Some(ByteSize(256 << 20)),
+            ..Default::default()
+        },
+    );
+}
+
+/// What `run-info` replied: the profile the agent was given, and its deadline.
+fn run_info(text: &str) -> (String, turnpike_core::Timestamp) {
+    let rest = text
+        .strip_prefix("profile ")
+        .unwrap_or_else(|| panic!("{text}"));
+    let (profile, deadline) = rest
+        .split_once(" deadline ")
+        .unwrap_or_else(|| panic!("{text}"));
+    let deadline = turnpike_core::Timestamp::parse_rfc3339(deadline).expect("RFC 3339");
+    (profile.to_owned(), deadline)
+}
+
+/// The profile an ended attempt reports it ran with.
+fn profile_used(record: &turnpike_core::TurnRecord, attempt: usize) -> Option<(String, u64)> {
+    let start = record.attempts[attempt].exit.as_ref()?.started.as_ref()?;
+    start
+        .profile
+        .as_ref()
+        .map(|p| (p.name.clone(), p.memory_limit))
+}
+
+/// Issue 37: an operator moves a chat to another profile at run time. Its next attempt runs
+/// with it (its deadline is the profile's time limit away); a retry runs with the chat's
+/// profile at its own dispatch, though its first attempt ran with the old one; the exit report
+/// says which profile and memory each attempt had. An unknown profile is refused.
+#[tokio::test]
+async fn a_chat_moved_to_a_profile_runs_its_next_attempts_with_it() {
+    use turnpike_core::subjects::OPS_PROFILE;
+    use turnpike_core::wire::OpsRequest;
+    let p = Pipeline::start(AGENT, |c| {
+        c.run_timeout = Duration::from_secs(30);
+        c.max_turn_retry = 2;
+        with_profile(c, "short", 3);
+    })
+    .await;
+    let chat = turnpike_core::ChatId::new("pf-1").expect("chat");
+    let t1 = send(&p.bus, "pf-1", "pf-m1", "run-info").await;
+    let r1 = wait_ended(&p.bus, &t1, T).await;
+    let (name, _) = run_info(&visible_items(&p.bus, "pf-1").await[0].text);
+    assert_eq!(name, "-", "not moved: the default, named by no one");
+    assert_eq!(
+        profile_used(&r1, 0),
+        Some(("default".into(), p.config.memory_limit.0))
+    );
+
+    let refused = ops(
+        &p.bus,
+        OPS_PROFILE,
+        OpsRequest::profile("tester", chat.clone(), Some("huge".into())),
+    )
+    .await;
+    assert!(
+        !refused.ok && refused.message.contains("no profile \"huge\""),
+        "{refused:?}"
+    );
+    let moved = ops(
+        &p.bus,
+        OPS_PROFILE,
+        OpsRequest::profile("tester", chat.clone(), Some("short".into())),
+    )
+    .await;
+    assert!(moved.ok, "{moved:?}");
+    let sent = turnpike_jetstream::now();
+    let t2 = send(&p.bus, "pf-1", "pf-m2", "run-info").await;
+    let r2 = wait_ended(&p.bus, &t2, T).await;
+    let (name, deadline) = run_info(&visible_items(&p.bus, "pf-1").await[1].text);
+    assert_eq!(name, "short");
+    let started = r2.attempts[0]
+        .exit
+        .as_ref()
+        .and_then(|e| e.started.as_ref())
+        .and_then(|s| s.started_at)
+        .expect("started");
+    assert!(deadline >= sent.saturating_add(Duration::from_secs(3)));
+    assert!(deadline <= started.saturating_add(Duration::from_secs(3)));
+    assert_eq!(profile_used(&r2, 0), Some(("short".into(), 256 << 20)));
+
+    // Back to the default while a turn's first attempt runs: its retry runs with the default.
+    let go = std::env::temp_dir().join(format!("turnpike-pf-{}", std::process::id()));
+    let _ = std::fs::remove_file(&go);
+    let t3 = send(
+        &p.bus,
+        "pf-1",
+        "pf-m3",
+        &format!("die-once-when-file:{}", go.display()),
+    )
+    .await;
+    wait_state(&p.bus, &t3, TurnState::Running).await;
+    let back = ops(
+        &p.bus,
+        OPS_PROFILE,
+        OpsRequest::profile("tester", chat, None),
+    )
+    .await;
+    assert!(back.ok, "{back:?}");
+    std::fs::write(&go, b"").expect("let attempt 1 die");
+    let r3 = wait_ended(&p.bus, &t3, T).await;
+    let _ = std::fs::remove_file(&go);
+    assert_eq!(r3.state, TurnState::Done, "{r3:?}");
+    assert_eq!(profile_used(&r3, 0).map(|p| p.0), Some("short".into()));
+    assert_eq!(profile_used(&r3, 1).map(|p| p.0), Some("default".into()));
+    let (name, _) = run_info(
+        &visible_items(&p.bus, "pf-1")
+            .await
+            .last()
+            .expect("a reply")
+            .text,
+    );
+    assert_eq!(name, "-");
+    p.stop().await;
+}
+
+/// A chat moved to a profile this runner does not define (its configuration is behind the
+/// coordinators'): the agent could not start, and the error says why and what is defined.
+#[tokio::test]
+async fn a_profile_the_runner_does_not_define_could_not_start() {
+    use turnpike_core::wire::OpsRequest;
+    let server = NatsServer::start();
+    let mut config = test_config(&server, AGENT);
+    config.max_turn_retry = 2;
+    let runner_config = config.clone();
+    with_profile(&mut config, "new", 5);
+    let roles = [
+        start_dispatcher(&config).await,
+        start_coordinator(&config).await,
+        start_runner(&runner_config).await,
+    ];
+    let bus = Bus::connect(&config, "test").await.expect("bus");
+    let chat = turnpike_core::ChatId::new("pf-2").expect("chat");
+    let moved = ops(
+        &bus,
+        turnpike_core::subjects::OPS_PROFILE,
+        OpsRequest::profile("tester", chat, Some("new".into())),
+    )
+    .await;
+    assert!(moved.ok, "{moved:?}");
+    let turn = send(&bus, "pf-2", "pf-m1", "reply:hi").await;
+    let record = wait_ended(&bus, &turn, T).await;
+    for r in roles {
+        r.stop().await;
+    }
+    assert_eq!(record.attempts.len(), 1, "never retried: {record:?}");
+    let exit = record.attempts[0].exit.clone().expect("exit");
+    assert_eq!(exit.class, ExitClass::CouldNotStart, "{exit:?}");
+    let error = exit.error.unwrap_or_default();
+    assert!(
+        error.contains("profile new is not defined on runner") && error.contains("default"),
+        "{error}"
+    );
+}

@@ -174,6 +174,7 @@ async fn no_secret_value_leaves_the_agent() {
         max_attempts: 3,
         message,
         history: Vec::new(),
+        profile: None,
     };
     let spec = turnpike_runner::backend::ContainerSettings::new(
         &p.config,
@@ -181,7 +182,7 @@ async fn no_secret_value_leaves_the_agent() {
     )
     .body(
         &work,
-        p.config.memory_limit.0,
+        &p.config.profile(None).expect("the default profile"),
         turnpike_jetstream::now(),
         None,
     );

@@ -18,6 +18,7 @@ pub(crate) fn codecs(out: &mut String) -> Result<()> {
         max_attempts: 3,
         message: inbound(&chat, "m", "please summarise the thread"),
         history,
+        profile: None,
     };
     writeln!(
         out,

@@ -271,12 +271,14 @@ pub async fn docker_overhead(out: &mut String) -> Result<()> {
             max_attempts: 3,
             message: inbound(&chat, &id, "reply:ok"),
             history: vec![],
+            profile: None,
         };
         let input = serde_json::to_vec(&AgentInput::from_work(&work, vec![], deadline))?;
         // The runner's own container settings (network `none` saves the bridge set-up a default
         // container pays), labelled as the bench's so no runner takes it for its own.
         // Bare: the image's own entrypoint, no watchdog in front of it.
-        let mut body = container.body(&work, stack.config.memory_limit.0, deadline, None);
+        let profile = stack.config.profile(None).context("the default profile")?;
+        let mut body = container.body(&work, &profile, deadline, None);
         body.labels = Some([(BARE_LABEL[0].to_owned(), BARE_LABEL[1].to_owned())].into());
         let name = format!("turnpike-bench-bare-{i}");
         let marks = bare_run(&docker, body, &input, &name).await?;

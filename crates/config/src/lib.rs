@@ -20,9 +20,13 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+mod profiles;
 mod secrets;
 mod units;
 mod validate;
+pub use profiles::{
+    check_profile_name, Profile, ProfileSettings, DEFAULT_PROFILE, PROFILE_NAME_MAX,
+};
 pub use secrets::{parse_agent_secrets, AgentSecret, SECRET_NAME_MAX};
 pub use units::{parse_bytes, ByteSize, ByteSizeError};
 
@@ -125,6 +129,16 @@ pub struct Config {
     /// `openai_key:OPENAI_API_KEY`. Needs `secrets_dir`; an attempt whose secret is missing
     /// could not start.
     pub agent_secrets: String,
+    /// Named resource profiles, each a table of any of `memory_limit`, `cpus`, `pids_limit`,
+    /// `run_timeout`, `agent_image`, `agent_secrets` and `network_mode` (the rest: the settings
+    /// above), e.g. `[profiles.big]` `memory_limit = "2GiB"`. Chats are moved between profiles
+    /// at run time (`turnpike chats profile <chat> <profile>`); a turn's attempt runs with its
+    /// chat's profile as it was when the attempt was dispatched. The retry budget is not a
+    /// profile's: it is the same for every chat. Every runner needs every profile. In the
+    /// environment: `TURNPIKE_PROFILES='{big={memory_limit="2GiB"}}'`.
+    pub profiles: std::collections::BTreeMap<String, ProfileSettings>,
+    /// The profile of chats not moved to one (`default`: the settings above).
+    pub default_profile: String,
     /// User agent containers run as: `uid[:gid]`, numbers, neither 0 (read as the engine reads
     /// them: `00` and `+0` are root too; a name is refused, since the image decides what it is).
     pub agent_user: String,
@@ -299,6 +313,8 @@ impl Default for Config {
             stop_grace: Duration::from_secs(10),
             secrets_dir: None,
             agent_secrets: String::new(),
+            profiles: Default::default(),
+            default_profile: profiles::DEFAULT_PROFILE.into(),
             attachment_max_bytes: ByteSize(10 * 1024 * 1024),
             history_limit: 50,
             history_max_bytes: ByteSize(256 * 1024),

@@ -377,3 +377,39 @@ fn runner_id_codec_and_attempt_limit_follow_core() {
         Ok(())
     });
 }
+
+#[test]
+fn profiles_come_from_the_file_and_the_environment() {
+    Jail::expect_with(|jail| {
+        jail.create_file(
+            "turnpike.toml",
+            r#"
+                default_profile = "small"
+                [profiles.small]
+                memory_limit = "256MiB"
+                [profiles.big]
+                memory_limit = "2GiB"
+                run_timeout = "15m"
+                cpus = 2.0
+            "#,
+        )?;
+        let c = Config::load(None).expect("loads");
+        assert_eq!(c.profile(None).map(|p| p.name), Some("small".into()));
+        let big = c.profile(Some("big")).expect("big");
+        assert_eq!(
+            (big.memory_limit, big.run_timeout, big.cpus),
+            (ByteSize(2 << 30), Duration::from_secs(900), 2.0)
+        );
+        jail.set_env("TURNPIKE_PROFILES", r#"{huge={memory_limit="8GiB"}}"#);
+        jail.set_env("TURNPIKE_DEFAULT_PROFILE", "huge");
+        let c = Config::load(None).expect("loads");
+        assert_eq!(
+            c.profile(None).map(|p| p.memory_limit),
+            Some(ByteSize(8 << 30))
+        );
+        jail.set_env("TURNPIKE_PROFILES", r#"{huge={memory="8GiB"}}"#);
+        let e = Config::load(None).expect_err("an unknown key").to_string();
+        assert!(e.contains("memory"), "{e}");
+        Ok(())
+    });
+}

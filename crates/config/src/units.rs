@@ -85,6 +85,25 @@ pub(crate) fn deserialize_bytes<'de, D: Deserializer<'de>>(d: D) -> Result<ByteS
     d.deserialize_any(V)
 }
 
+/// An optional duration, written as [`duration`] writes one.
+pub mod option_duration {
+    use serde::{Deserialize, Deserializer, Serializer};
+    use std::time::Duration;
+
+    pub fn serialize<S: Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
+        match d {
+            Some(d) => super::duration::serialize(d, s),
+            None => s.serialize_none(),
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+        #[derive(Deserialize)]
+        struct Wrapped(#[serde(with = "super::duration")] Duration);
+        Option::<Wrapped>::deserialize(d).map(|w| w.map(|Wrapped(d)| d))
+    }
+}
+
 pub mod duration {
     use super::*;
     use serde::Serializer;

@@ -27,6 +27,7 @@ impl Config {
         self.check_agents()?;
         self.check_times()?;
         self.check_identity()?;
+        self.check_profiles()?;
         Ok(self)
     }
 

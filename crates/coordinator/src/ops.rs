@@ -67,6 +67,7 @@ pub async fn serve(
     for subject in [
         subjects::OPS_KILL,
         subjects::OPS_CLEAR,
+        subjects::OPS_PROFILE,
         subjects::OPS_RERUN,
         subjects::OPS_STATS,
         subjects::OPS_STATUS,
@@ -172,12 +173,54 @@ async fn handle(
         }
         (subjects::OPS_CLEAR, _, Some(chat)) => clear(bus, chat, action).await,
         (subjects::OPS_CLEAR, _, None) => Ok(reply(false, "clear needs a chat", None, None)),
+        (subjects::OPS_PROFILE, _, Some(chat)) => {
+            move_chat(bus, config, chat, r.profile.as_deref(), &action).await
+        }
+        (subjects::OPS_PROFILE, _, None) => {
+            Ok(reply(false, "a profile move needs a chat", None, None))
+        }
         _ => Ok(reply(false, "this request needs a turn", None, None)),
     };
     result.unwrap_or_else(|e| match e {
         ApplyError::UnknownTurn(t) => reply(false, format!("no turn {t}"), Some(&t), None),
         e => reply(false, e.to_string(), r.turn.as_ref(), None),
     })
+}
+
+/// Move `chat` to `profile` (none: back to the default): its attempts dispatched from now on
+/// run with it, a retry already scheduled with the one it had.
+async fn move_chat(
+    bus: &Bus,
+    config: &Config,
+    chat: &turnpike_core::ChatId,
+    profile: Option<&str>,
+    action: &OperatorAction,
+) -> Result<OpsReply, ApplyError> {
+    let Some(resolved) = config.profile(profile) else {
+        return Ok(reply(
+            false,
+            format!(
+                "no profile {:?}; defined: {}",
+                profile.unwrap_or_default(),
+                config.profile_names().join(", ")
+            ),
+            None,
+            None,
+        ));
+    };
+    turnpike_store::profiles::set(bus, chat, profile).await?;
+    info!(chat_id = %chat, by = %action.by, profile = %resolved.name, "chat moved to a profile");
+    Ok(reply(
+        true,
+        format!(
+            "chat {chat} runs with profile {} from its next attempt (memory {}, time limit {})",
+            resolved.name,
+            resolved.memory_limit,
+            humantime::format_duration(resolved.run_timeout)
+        ),
+        None,
+        None,
+    ))
 }
 
 async fn kill(

@@ -372,6 +372,7 @@ impl TurnRecord {
             max_attempts: self.max_attempts,
             message: self.message.clone(),
             history: self.history.clone(),
+            profile: None,
         }
     }
 }

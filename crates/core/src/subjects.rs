@@ -34,6 +34,8 @@ pub const BUCKET_TURNS: &str = "turnpike_turns";
 pub const BUCKET_CHATS: &str = "turnpike_chats";
 /// Attempt claims, `<turn>.<attempt>`.
 pub const BUCKET_CLAIMS: &str = "turnpike_claims";
+/// KV bucket: the resource profile each chat runs with (key = chat id, value = profile name).
+pub const BUCKET_PROFILES: &str = "turnpike_profiles";
 /// Runner leases, `<turn>.<attempt>.<runner>`.
 pub const BUCKET_LEASES: &str = "turnpike_leases";
 /// The live index: turns not yet ended.
@@ -80,6 +82,8 @@ pub const HDR_DEAD_SOURCE: &str = "Turnpike-Dead-Source";
 pub const OPS_KILL: &str = "turnpike.ops.kill";
 /// Clear a chat's errored flag.
 pub const OPS_CLEAR: &str = "turnpike.ops.clear";
+/// Move a chat to another resource profile.
+pub const OPS_PROFILE: &str = "turnpike.ops.profile";
 /// Re-run an ended turn.
 pub const OPS_RERUN: &str = "turnpike.ops.rerun";
 /// A coordinator's counters.

@@ -14,8 +14,8 @@ use turnpike_core::lifecycle::{self, Effect, Event, NewTurn, Step};
 use turnpike_core::sizes::{self, encoded_len, Budgets};
 use turnpike_core::wire::{
     Attachment, AttemptStart, ChatError, ChatErrorCause, ExitClass, ExitReport, HistoryEntry,
-    InboundLimits, InboundMessage, OperatorAction, OutboundItem, OutboundKind, ReplySpan, Role,
-    RunnerEvent, RunnerEventKind,
+    InboundLimits, InboundMessage, OperatorAction, OutboundItem, OutboundKind, ProfileUsed,
+    ReplySpan, Role, RunnerEvent, RunnerEventKind, PROFILE_NAME_MAX,
 };
 use turnpike_core::{chat, texts, ChatId, RunnerId, Timestamp, TurnId, FORMAT_VERSION};
 
@@ -142,6 +142,16 @@ fn steps() -> impl Strategy<Value = Vec<Step_>> {
     )
 }
 
+/// A work item stamped with the longest profile name a dispatch writes.
+fn with_profile(
+    mut work: turnpike_core::wire::WorkItem,
+    p: &[char],
+) -> turnpike_core::wire::WorkItem {
+    let name = text_of(p, PROFILE_NAME_MAX);
+    work.profile = Some(turnpike_core::sizes::cut(&name, PROFILE_NAME_MAX).into_owned());
+    work
+}
+
 fn runner(p: &[char]) -> RunnerId {
     // The longest runner id the wire allows.
     let _ = p;
@@ -186,6 +196,10 @@ fn event(s: &Step_, p: &[char], record: &turnpike_core::TurnRecord) -> Event {
                     runner: runner(p),
                     published_at: T0,
                     started_at: Some(T0),
+                    profile: Some(ProfileUsed {
+                        name: text_of(p, 4 * PROFILE_NAME_MAX),
+                        memory_limit: u64::MAX,
+                    }),
                 }),
             },
         },
@@ -301,7 +315,7 @@ proptest! {
                 fits("an effect", encoded_len(e), sizes::EFFECT_MAX)?;
                 match e {
                     Effect::DispatchAttempt { attempt, .. } => {
-                        fits("work item", encoded_len(&record.work_item(*attempt)), b.work_item_max())?;
+                        fits("work item", encoded_len(&with_profile(record.work_item(*attempt), &p)), b.work_item_max())?;
                     }
                     Effect::Notify { text, attempt, .. } => {
                         let item = outbound(OutboundKind::Notice, text.clone(), *attempt);
@@ -406,6 +420,10 @@ fn the_fixed_parts_hold_their_worst_case() {
                 runner: runner(&p),
                 published_at: LAST,
                 started_at: Some(LAST),
+                profile: Some(ProfileUsed {
+                    name: text_of(&p, 4 * PROFILE_NAME_MAX),
+                    memory_limit: u64::MAX,
+                }),
             }),
         };
         let started = Event::Started {

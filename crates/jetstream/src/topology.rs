@@ -84,7 +84,7 @@ macro_rules! consumer_file {
 
 /// Every stream of the topology (the KV buckets' and the object store's included), as defined in
 /// `nats/streams/`, with how its retention is set from the configuration.
-pub const STREAM_FILES: [StreamFile; 13] = [
+pub const STREAM_FILES: [StreamFile; 14] = [
     stream_file!("TURNPIKE_CHAT_IN", Retention::Chat),
     stream_file!("TURNPIKE_CHAT_OUT", Retention::Chat),
     stream_file!("TURNPIKE_WORK", Retention::Work),
@@ -97,6 +97,7 @@ pub const STREAM_FILES: [StreamFile; 13] = [
     stream_file!("KV_turnpike_live", Retention::PerKey),
     stream_file!("KV_turnpike_runners", Retention::Events),
     stream_file!("KV_turnpike_sessions", Retention::PerKey),
+    stream_file!("KV_turnpike_profiles", Retention::PerKey),
     stream_file!("OBJ_turnpike_attachments", Retention::Attachments),
 ];
 
@@ -199,6 +200,8 @@ mod tests {
             "KV_turnpike_chats",
             "KV_turnpike_live",
             "KV_turnpike_sessions",
+            // One key per chat an operator moved: small, and removed when moved back.
+            "KV_turnpike_profiles",
         ];
         for s in &streams {
             assert_eq!(s.num_replicas, 3, "{}", s.name);

@@ -55,6 +55,9 @@ struct Attempt {
     fence_tx: watch::Sender<Option<u64>>,
     /// When the agent's watchdog must stop it if this runner cannot: moved on by every renewal.
     watchdog: watch::Receiver<std::time::Instant>,
+    /// The resource profile the work item names, as this runner's configuration defines it;
+    /// why not, if it does not.
+    profile: Result<turnpike_config::Profile, String>,
 }
 
 /// What a step that ends the attempt early leaves to report.
@@ -112,6 +115,16 @@ impl Attempt {
             watchdog_tx,
             claimed_at,
         );
+        let profile = ctx.config.profile(work.profile.as_deref()).ok_or_else(|| {
+            format!(
+                "profile {} is not defined on runner {} (defined: {})",
+                work.profile
+                    .as_deref()
+                    .unwrap_or(&ctx.config.default_profile),
+                ctx.id,
+                ctx.config.profile_names().join(", ")
+            )
+        });
         let attempt = Attempt {
             ctx,
             msg,
@@ -121,6 +134,7 @@ impl Attempt {
             stop_rx,
             fence_tx,
             watchdog,
+            profile,
         };
         Some((attempt, lease))
     }
@@ -138,28 +152,57 @@ impl Attempt {
             Ok(run) => self.exit_report(run).await?,
             Err(ended) => ended,
         };
-        report
-            .started
-            .get_or_insert_with(|| attempt_start(&self.ctx, self.published_at, None));
+        report.started.get_or_insert_with(|| self.start(None));
         Some(report)
+    }
+
+    /// Who ran the attempt, when, and with which profile, as its exit report says
+    /// (`started_at: None`: the agent never started).
+    fn start(&self, started_at: Option<Timestamp>) -> AttemptStart {
+        AttemptStart {
+            runner: self.ctx.id.clone(),
+            published_at: self.published_at,
+            started_at,
+            profile: self
+                .profile
+                .as_ref()
+                .ok()
+                .map(|p| turnpike_core::wire::ProfileUsed {
+                    name: p.name.clone(),
+                    memory_limit: p.memory_limit.0,
+                }),
+        }
     }
 
     async fn fenced_run(&self) -> Result<Run, Ended> {
         let fence_seq = self.fence().await?;
-        let secrets = self.secrets().await?;
+        let profile = self.profile.as_ref().map_err(|why| {
+            warn!(
+                why,
+                "the attempt's profile is unknown here; the agent cannot start"
+            );
+            ExitReport::without_output(
+                turnpike_core::wire::ExitClass::CouldNotStart,
+                why.clone(),
+                now(),
+            )
+        })?;
+        let secrets = self.secrets(profile).await?;
         // Kept until the run is over: the backend reads the files from it.
         let spool = self.attachments().await?;
-        Ok(self.run(fence_seq, &spool, secrets).await)
+        Ok(self.run(fence_seq, &spool, profile, secrets).await)
     }
 
     /// Read the agent's secrets now (a rotated file counts from the next attempt on). One that
     /// cannot be read means the agent cannot start; the error names it, never its value.
-    async fn secrets(&self) -> Result<crate::secrets::Secrets, Ended> {
-        let ctx = &self.ctx;
-        let Some(dir) = ctx.config.secrets_dir.as_deref() else {
+    async fn secrets(
+        &self,
+        profile: &turnpike_config::Profile,
+    ) -> Result<crate::secrets::Secrets, Ended> {
+        let Some(dir) = self.ctx.config.secrets_dir.as_deref() else {
             return Ok(crate::secrets::Secrets::default());
         };
-        crate::secrets::Secrets::read(dir, &ctx.secrets)
+        crate::secrets::Secrets::read(dir, &profile.agent_secrets)
             .await
             .map_err(|e| {
                 warn!(error = %e, "a secret cannot be given to the agent");
@@ -247,16 +290,18 @@ impl Attempt {
         &self,
         fence_seq: u64,
         spool: &crate::attachments::Spool,
+        profile: &turnpike_config::Profile,
         secrets: crate::secrets::Secrets,
     ) -> Run {
         let (ctx, work) = (&self.ctx, &self.work);
         // The time limit's clock starts here (`Causes::watch` below): the deadline is no later
         // than when the run is stopped.
-        let deadline = now().saturating_add(ctx.config.run_timeout);
+        let deadline = now().saturating_add(profile.run_timeout);
         let spec = RunSpec {
             work: work.clone(),
             attachments: spool.files.clone(),
-            memory_limit: ctx.config.memory_limit.0,
+            profile: profile.clone(),
+            memory_limit: profile.memory_limit.0,
             deadline,
             secrets: secrets.clone(),
             stop_grace: ctx.config.stop_grace,
@@ -264,8 +309,7 @@ impl Attempt {
         };
         let (out_tx, mut out_rx) = mpsc::channel::<Output>(64);
         // The time limit and a hard stop of the runner (operator kills are routed by `kills`).
-        let causes =
-            crate::stop::Causes::watch(ctx.config.run_timeout, &ctx.hard_stop, &self.stop_tx);
+        let causes = crate::stop::Causes::watch(profile.run_timeout, &ctx.hard_stop, &self.stop_tx);
         let backend_inner = ctx.clone();
         let stop_rx = self.stop_rx.clone();
         let run =
@@ -340,7 +384,7 @@ impl Attempt {
             reply_span: landing.landed.span,
             output_cut: landing.cut,
             ended_at: now(),
-            started: Some(attempt_start(&self.ctx, self.published_at, started_at)),
+            started: Some(self.start(started_at)),
         }
         .bounded();
         if landing.uncertain {
@@ -374,18 +418,4 @@ struct Run {
     raw: turnpike_core::exit::RawExit,
     landing: crate::land::Landing,
     started_at: Option<Timestamp>,
-}
-
-/// Who ran the attempt and when, as its exit report says (`started_at: None`: the agent never
-/// started).
-fn attempt_start(
-    ctx: &RunnerContext,
-    published_at: Timestamp,
-    started_at: Option<Timestamp>,
-) -> AttemptStart {
-    AttemptStart {
-        runner: ctx.id.clone(),
-        published_at,
-        started_at,
-    }
 }

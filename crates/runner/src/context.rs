@@ -13,8 +13,6 @@ use turnpike_store::Bus;
 pub(crate) struct RunnerContext {
     pub(crate) bus: Bus,
     pub(crate) config: Config,
-    /// The secrets each agent gets (names; the values are read at every attempt).
-    pub(crate) secrets: Vec<turnpike_config::AgentSecret>,
     pub(crate) id: RunnerId,
     pub(crate) backend: Backend,
     /// Cancelled when running attempts must be killed (drain grace over).

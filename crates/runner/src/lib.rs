@@ -137,10 +137,14 @@ impl Runner {
     pub async fn new(bus: Bus, config: Config) -> Result<Runner, RunnerError> {
         check_identity(&config)?;
         let id = runner_id(&config);
-        let secrets = config.agent_secrets()?;
-        // Every secret readable now, or no start: better than every attempt failing to start.
+        // Every profile's secrets readable now, or no start: better than every attempt of a
+        // profile failing to start.
         if let Some(dir) = &config.secrets_dir {
-            secrets::Secrets::read(dir, &secrets).await?;
+            for name in config.profile_names() {
+                if let Some(profile) = config.profile(Some(&name)) {
+                    secrets::Secrets::read(dir, &profile.agent_secrets).await?;
+                }
+            }
         }
         let backend = match config.runner_backend {
             turnpike_config::Backend::Process => {
@@ -161,7 +165,6 @@ impl Runner {
                 id,
                 bus,
                 config,
-                secrets,
                 backend,
                 hard_stop: CancellationToken::new(),
                 running: std::sync::atomic::AtomicU32::new(0),

@@ -26,6 +26,7 @@ pub mod fence;
 pub mod leases;
 pub mod live;
 pub mod outbox;
+pub mod profiles;
 pub mod runners;
 pub mod sessions;
 pub mod turns;

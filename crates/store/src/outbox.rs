@@ -252,7 +252,15 @@ async fn dispatch(
     not_before: Option<turnpike_core::Timestamp>,
 ) -> Result<(), BusError> {
     let turn = &record.turn;
-    let work = record.work_item(attempt);
+    let mut work = record.work_item(attempt);
+    // The chat's profile now, at this attempt's dispatch: a retry runs with what an operator
+    // moved the chat to since its first attempt. (A name too long for any profile is cut; the
+    // runner refuses a name it does not know.)
+    work.profile = crate::profiles::of_chat(bus, &record.chat)
+        .await?
+        .map(|name| {
+            turnpike_core::sizes::cut(&name, turnpike_core::wire::PROFILE_NAME_MAX).into_owned()
+        });
     let run_subject = subjects::work_run(turn);
     let publish = match not_before {
         // A scheduled message loses its Nats-Msg-Id when it fires; the per-attempt claim stops

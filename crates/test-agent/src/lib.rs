@@ -20,6 +20,9 @@
 //! | `summary-before-deadline:<s>` | thinks (sleeps) until `<s>` seconds before its deadline, replies a summary naming the deadline (and whether `TURNPIKE_DEADLINE` says the same), and exits cleanly |
 //! | `reply-when-file:<path>` | waits until `<path>` exists, replies, then hangs |
 //! | `die-when-file:<path>` | waits until `<path>` exists, then exits 1 with no reply |
+//! | `die-once-when-file:<path>` | on attempt 1 as `die-when-file`; later attempts as `run-info` |
+//! | `run-info` | replies `profile <name or -> deadline <deadline>`: what the run was given |
+//! | `alloc:<MiB>` | allocates and touches `<MiB>` MiB, then replies (an OOM kill below that limit) |
 //! | `reply-then-exit:<s>` | replies, then exits cleanly `<s>` seconds later |
 //! | `fail-huge` | reports a failure whose error line is over 1 MiB, and exits 0 |
 //! | `error-and-die:<n>` | reports an error of n control characters, then exits 1 (a death) |
@@ -189,6 +192,16 @@ impl Script<'_> {
             body = format!("{body} | prompt: {}", self.input.prompt);
         }
         message(&body);
+    }
+
+    /// Reply what the run was given: its profile and its deadline.
+    fn run_info(&self) {
+        self.reply(&format!(
+            "profile {} deadline {}",
+            self.input.work.profile.as_deref().unwrap_or("-"),
+            self.input.deadline
+        ));
+        result_ok();
     }
 
     /// The directive's argument as a number; exit 4 if it is not one.
@@ -409,7 +422,26 @@ impl Script<'_> {
     /// Runs that wait for a test to change the world (a file appearing). `false` if `name` is none of these.
     fn told(&self, name: &str) -> bool {
         match name {
-            "die-when-file" => {
+            "die-once-when-file" if self.input.work.attempt > 1 => {
+                self.run_info();
+                true
+            }
+            "run-info" => {
+                self.run_info();
+                true
+            }
+            "alloc" => {
+                let mib = self.number("alloc") as usize;
+                let mut hoard: Vec<Vec<u8>> = Vec::with_capacity(mib);
+                for _ in 0..mib {
+                    // Every page touched, so the memory is really committed.
+                    hoard.push(vec![0x5A; 1 << 20]);
+                }
+                self.reply(&format!("allocated {} MiB", hoard.len()));
+                result_ok();
+                true
+            }
+            "die-when-file" | "die-once-when-file" => {
                 // `die-when-file:/tmp/x`: exit 1 (a death, no reply) once the file exists: a test
                 // changes the world while the attempt runs, then lets it end.
                 let Some(path) = self.arg else {

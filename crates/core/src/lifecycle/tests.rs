@@ -1023,6 +1023,7 @@ fn an_exit_report_handled_before_the_started_event_still_says_who_ran_the_attemp
                 runner: runner(7),
                 published_at: at(1),
                 started_at: Some(at(2)),
+                profile: None,
             }),
             ..report(ExitClass::Crashed, 0, at(2))
         },
@@ -1051,6 +1052,7 @@ fn an_exit_report_handled_before_the_started_event_still_says_who_ran_the_attemp
                 runner: runner(1),
                 published_at: at(1),
                 started_at: Some(at(2)),
+                profile: None,
             }),
             ..report(ExitClass::Clean, 0, at(2))
         },

@@ -24,6 +24,22 @@ pub struct WorkItem {
     /// The chat's history when the turn was created: the same on every attempt.
     #[serde(default)]
     pub history: Vec<HistoryEntry>,
+    /// The resource profile to run it with: its chat's when this attempt was dispatched
+    /// (`None`: the deployment's default). At most [`PROFILE_NAME_MAX`] bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub profile: Option<String>,
+}
+
+/// The longest profile name.
+pub const PROFILE_NAME_MAX: usize = 64;
+
+/// The resource profile an attempt ran with, as its runner applied it.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct ProfileUsed {
+    /// Its name.
+    pub name: String,
+    /// The memory limit, in bytes.
+    pub memory_limit: u64,
 }
 
 /// The one JSON document an agent reads on stdin (then EOF): its attempt's work item (its
@@ -342,6 +358,10 @@ pub struct AttemptStart {
     /// applied before its Started event would leave the attempt with no start time for good.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub started_at: Option<Timestamp>,
+    /// The resource profile it ran with (`None`: a runner from before profiles, or an attempt
+    /// that never got as far as choosing one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub profile: Option<ProfileUsed>,
 }
 
 impl ExitReport {
@@ -372,6 +392,11 @@ impl ExitReport {
         if let Some(e) = &self.error {
             if let std::borrow::Cow::Owned(cut) = crate::sizes::cut(e, crate::sizes::ERROR_MAX) {
                 self.error = Some(cut);
+            }
+        }
+        if let Some(p) = self.started.as_mut().and_then(|s| s.profile.as_mut()) {
+            if let std::borrow::Cow::Owned(cut) = crate::sizes::cut(&p.name, PROFILE_NAME_MAX) {
+                p.name = cut;
             }
         }
         self

@@ -17,7 +17,8 @@ mod ops;
 
 pub use attempt::{
     AgentInput, AgentLine, AgentStatus, AttemptStart, ClaimHolder, ClaimRecord, ExitClass,
-    ExitReport, Landed, ReplySpan, RunnerEvent, RunnerEventKind, RunnerPresence, WorkItem,
+    ExitReport, Landed, ProfileUsed, ReplySpan, RunnerEvent, RunnerEventKind, RunnerPresence,
+    WorkItem, PROFILE_NAME_MAX,
 };
 pub use chat::{
     Attachment, ChatError, ChatErrorCause, ChatRecord, HistoryEntry, InboundLimits, InboundMessage,

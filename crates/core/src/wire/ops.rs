@@ -23,6 +23,9 @@ pub struct OpsRequest {
     /// is answered as the first, and a re-run makes one turn, not two.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub id: Option<String>,
+    /// The profile to move `chat` to (`turnpike.ops.profile`); none: back to the default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub profile: Option<String>,
 }
 
 impl OpsRequest {
@@ -34,6 +37,7 @@ impl OpsRequest {
             turn: Some(turn),
             chat: None,
             id: None,
+            profile: None,
         }
     }
 
@@ -53,6 +57,15 @@ impl OpsRequest {
             turn: None,
             chat: Some(chat),
             id: None,
+            profile: None,
+        }
+    }
+
+    /// Move `chat` to resource profile `profile` (none: back to the default), as `by`.
+    pub fn profile(by: impl Into<String>, chat: ChatId, profile: Option<String>) -> OpsRequest {
+        OpsRequest {
+            profile,
+            ..OpsRequest::chat(by, chat)
         }
     }
 
@@ -77,6 +90,16 @@ impl OpsRequest {
         {
             return Err(format!(
                 "the request id may be at most {REQUEST_ID_MAX} bytes"
+            ));
+        }
+        if self
+            .profile
+            .as_deref()
+            .is_some_and(|p| p.is_empty() || str_len(p) > super::PROFILE_NAME_MAX)
+        {
+            return Err(format!(
+                "a profile name is 1 to {} bytes",
+                super::PROFILE_NAME_MAX
             ));
         }
         Ok(())

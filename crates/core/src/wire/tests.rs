@@ -90,6 +90,7 @@ fn work() -> WorkItem {
                 text: "a".into(),
             },
         ],
+        profile: Some("big".into()),
     }
 }
 
@@ -135,6 +136,7 @@ fn every_message_round_trips_in_both_codecs() {
                         runner: runner(),
                         published_at: at,
                         started_at: Some(at),
+                        profile: None,
                     }),
                 },
             }),

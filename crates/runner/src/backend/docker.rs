@@ -114,14 +114,14 @@ impl DockerBackend {
     /// The agent image's own entrypoint and command, read at each attempt: an image rebuilt
     /// under the same tag runs with its new command. `Err`: a refusal (no such image, or an
     /// image with nothing to run), which no retry changes.
-    async fn agent_command(&self) -> Result<Result<Vec<String>, String>, DockerError> {
-        let image = match self.docker.inspect_image(&self.container.image).await {
+    async fn agent_command(
+        &self,
+        image_name: &str,
+    ) -> Result<Result<Vec<String>, String>, DockerError> {
+        let image = match self.docker.inspect_image(image_name).await {
             Ok(i) => i,
             Err(e) if is_refusal(&e) => {
-                return Ok(Err(format!(
-                    "cannot use image {:?}: {e}",
-                    self.container.image
-                )))
+                return Ok(Err(format!("cannot use image {:?}: {e}", image_name)))
             }
             Err(e) => return Err(e),
         };
@@ -135,7 +135,7 @@ impl DockerBackend {
         if command.is_empty() {
             return Ok(Err(format!(
                 "image {:?} has neither an entrypoint nor a command",
-                self.container.image
+                image_name
             )));
         }
         Ok(Ok(command))

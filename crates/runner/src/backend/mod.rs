@@ -25,6 +25,8 @@ pub struct RunSpec {
     pub work: WorkItem,
     /// Attachment files, spooled on disk, with the names the agent sees.
     pub attachments: Vec<crate::attachments::Spooled>,
+    /// The resource profile it runs with (image, limits, network, secrets' names).
+    pub profile: turnpike_config::Profile,
     pub memory_limit: u64,
     /// When the run's time limit stops it (this host's clock): the agent is told, to post a
     /// summary before then.

@@ -443,8 +443,12 @@ mod tests {
                 max_attempts: 3,
                 message,
                 history: Vec::new(),
+                profile: None,
             },
             attachments: Vec::new(),
+            profile: turnpike_config::Config::default()
+                .profile(None)
+                .expect("the default profile"),
             memory_limit: 1 << 30,
             deadline: turnpike_jetstream::now(),
             secrets: Default::default(),

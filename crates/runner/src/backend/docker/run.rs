@@ -42,7 +42,7 @@ impl DockerBackend {
             Ok(i) => i,
             Err(e) => return engine_error(format!("cannot encode the input document: {e}")),
         };
-        let command = match self.agent_command().await {
+        let command = match self.agent_command(&spec.profile.agent_image).await {
             Ok(Ok(c)) => c,
             Ok(Err(refused)) => {
                 return RawExit {
@@ -58,7 +58,7 @@ impl DockerBackend {
             .saturating_duration_since(std::time::Instant::now());
         let body = self.container.body(
             work,
-            spec.memory_limit,
+            &spec.profile,
             spec.deadline,
             Some(watchdog_command(first, command)),
         );
@@ -75,7 +75,7 @@ impl DockerBackend {
                 return RawExit {
                     start_error: Some(format!(
                         "cannot create the container from image {:?}: {e}",
-                        self.container.image
+                        spec.profile.agent_image
                     )),
                     ..RawExit::default()
                 }

@@ -5,7 +5,7 @@ use bollard::models::{ContainerCreateBody, HostConfig, HostConfigLogConfig, Moun
 use bollard::query_parameters::{AttachContainerOptions, AttachContainerOptionsBuilder};
 use std::collections::HashMap;
 use std::time::Duration;
-use turnpike_config::Config;
+use turnpike_config::{Config, Profile};
 use turnpike_core::wire::WorkItem;
 use turnpike_core::RunnerId;
 
@@ -18,21 +18,16 @@ pub fn watchdog_command(first: Duration, agent: impl IntoIterator<Item = String>
         .collect()
 }
 
-/// The container every attempt of a runner gets, from its config: image, numeric user, limits,
-/// network, labels, a read-only root. Public for review (`turnpike runner container-spec` prints
-/// it) and so the benchmarks time a bare run of exactly this container.
+/// The container every attempt of a runner gets: from its config, the numeric user, labels and
+/// a read-only root; from the attempt's resource profile, the image, limits, network and
+/// secrets. Public for review (`turnpike runner container-spec` prints it) and so the
+/// benchmarks time a bare run of exactly this container.
 #[derive(Debug, Clone)]
 pub struct ContainerSettings {
     pub(super) runner: RunnerId,
     pub(super) instance: super::super::tree::Instance,
     pub(super) deployment: String,
-    pub(super) image: String,
     pub(super) user: String,
-    pub(super) network_mode: String,
-    pub(super) pids_limit: i64,
-    pub(super) nano_cpus: i64,
-    /// The secrets each agent gets: names and variables (the values go in files).
-    pub(super) secrets: Vec<turnpike_config::AgentSecret>,
 }
 
 impl ContainerSettings {
@@ -41,13 +36,7 @@ impl ContainerSettings {
             runner,
             instance: super::super::tree::Instance::new(),
             deployment: String::new(),
-            image: config.agent_image.clone(),
             user: config.agent_user.clone(),
-            network_mode: config.network_mode.clone(),
-            pids_limit: config.pids_limit,
-            nano_cpus: (config.cpus * 1e9) as i64,
-            // Checked when the config was loaded (a runner does not start with a bad list).
-            secrets: config.agent_secrets().unwrap_or_default(),
         }
     }
 
@@ -64,14 +53,14 @@ impl ContainerSettings {
     pub fn body(
         &self,
         work: &WorkItem,
-        memory_limit: u64,
+        profile: &Profile,
         deadline: turnpike_core::Timestamp,
         command: Option<Vec<String>>,
     ) -> ContainerCreateBody {
-        let memory = i64::try_from(memory_limit).unwrap_or(i64::MAX);
+        let memory = i64::try_from(profile.memory_limit.0).unwrap_or(i64::MAX);
         let cmd = command.as_ref().map(|_| Vec::new());
         ContainerCreateBody {
-            image: Some(self.image.clone()),
+            image: Some(profile.agent_image.clone()),
             entrypoint: command,
             cmd,
             user: Some(self.user.clone()),
@@ -81,7 +70,7 @@ impl ContainerSettings {
             open_stdin: Some(true),
             stdin_once: Some(true),
             tty: Some(false),
-            env: Some(self.env(work, deadline)),
+            env: Some(env(work, profile, deadline)),
             labels: Some(HashMap::from([
                 (LABEL_MANAGED.to_owned(), "true".to_owned()),
                 (LABEL_RUNNER.to_owned(), self.runner.to_string()),
@@ -94,9 +83,9 @@ impl ContainerSettings {
             host_config: Some(HostConfig {
                 memory: Some(memory),
                 memory_swap: Some(memory),
-                pids_limit: Some(self.pids_limit),
-                nano_cpus: Some(self.nano_cpus),
-                network_mode: Some(self.network_mode.clone()),
+                pids_limit: Some(profile.pids_limit),
+                nano_cpus: Some((profile.cpus * 1e9) as i64),
+                network_mode: Some(profile.network_mode.clone()),
                 cap_drop: Some(vec!["ALL".to_owned()]),
                 security_opt: Some(vec!["no-new-privileges".to_owned()]),
                 // Nothing of the image can be changed: the agent writes to a small /tmp in
@@ -113,7 +102,7 @@ impl ContainerSettings {
                 // expect (`/run/secrets`), filled before the agent starts.
                 mounts: Some(
                     std::iter::once(RUN_DIR)
-                        .chain((!self.secrets.is_empty()).then_some(SECRETS_DIR))
+                        .chain((!profile.agent_secrets.is_empty()).then_some(SECRETS_DIR))
                         .map(|target| Mount {
                             target: Some(target.to_owned()),
                             typ: Some(MountType::VOLUME),
@@ -137,29 +126,27 @@ impl ContainerSettings {
     }
 }
 
-impl ContainerSettings {
-    /// The run's environment: which attempt it is, its deadline, and where its secrets are
-    /// (names only: the init sets the variables from the files, so no value is in the
-    /// container's configuration).
-    fn env(&self, work: &WorkItem, deadline: turnpike_core::Timestamp) -> Vec<String> {
-        let mut env = vec![
-            format!("TURNPIKE_TURN={}", work.turn),
-            format!("TURNPIKE_ATTEMPT={}", work.attempt),
-            format!("TURNPIKE_DEADLINE={deadline}"),
-        ];
-        if !self.secrets.is_empty() {
-            env.push(format!("TURNPIKE_SECRETS={SECRETS_DIR}"));
-            let vars = self
-                .secrets
-                .iter()
-                .filter_map(|s| Some((s.env.as_deref()?, s.name.as_str())));
-            let vars = turnpike_agent_init::secret_env(vars);
-            if !vars.is_empty() {
-                env.push(format!("{}={vars}", turnpike_agent_init::SECRET_ENV));
-            }
+/// The run's environment: which attempt it is, its deadline, and where its secrets are (names
+/// only: the init sets the variables from the files, so no value is in the container's
+/// configuration).
+fn env(work: &WorkItem, profile: &Profile, deadline: turnpike_core::Timestamp) -> Vec<String> {
+    let mut env = vec![
+        format!("TURNPIKE_TURN={}", work.turn),
+        format!("TURNPIKE_ATTEMPT={}", work.attempt),
+        format!("TURNPIKE_DEADLINE={deadline}"),
+    ];
+    if !profile.agent_secrets.is_empty() {
+        env.push(format!("TURNPIKE_SECRETS={SECRETS_DIR}"));
+        let vars = profile
+            .agent_secrets
+            .iter()
+            .filter_map(|s| Some((s.env.as_deref()?, s.name.as_str())));
+        let vars = turnpike_agent_init::secret_env(vars);
+        if !vars.is_empty() {
+            env.push(format!("{}={vars}", turnpike_agent_init::SECRET_ENV));
         }
-        env
     }
+    env
 }
 
 /// How an attempt's container is attached, before start: stdin for the input document and both

@@ -209,3 +209,80 @@ async fn the_dashboard_serves_https_when_given_a_certificate() {
     stop.cancel();
     p.stop().await;
 }
+
+/// Issue 37: an errored chat's page says why its turn died ("1 × out of memory at 64MiB") and
+/// offers the concept's remedy in one confirmed step: move the chat to a profile with more
+/// memory and run the turn again. The re-run answers, with the larger limit in its record.
+#[tokio::test]
+async fn an_errored_chat_that_ran_out_of_memory_is_moved_and_rerun_in_one_step() {
+    init_logs();
+    let profile = |mib: u64| turnpike_config::ProfileSettings {
+        memory_limit: Some(turnpike_config::ByteSize(mib << 20)),
+        ..Default::default()
+    };
+    let p = Pipeline::start(AGENT, |c| {
+        c.max_turn_retry = 1;
+        c.memory_limit = turnpike_config::ByteSize(64 << 20);
+        c.profiles.insert("small".into(), profile(64));
+        c.profiles.insert("large".into(), profile(512));
+        c.default_profile = "small".into();
+    })
+    .await;
+    let turn = send(&p.bus, "oom-chat", "m-1", "alloc:100").await;
+    let record = wait_ended(&p.bus, &turn, WAIT).await;
+    assert_eq!(record.state, TurnState::GaveUp, "{record:?}");
+
+    let (base, stop) = start_dashboard(&p).await;
+    let cookie = dashboard_login(&base, OPERATOR, PASSWORD).await;
+    let (status, _, page) = http(&base, "GET", "/chats/oom-chat", &[("Cookie", &cookie)], "").await;
+    assert_eq!(status, 200);
+    assert!(page.contains("Why: 1 × out of memory at 64MiB"), "{page}");
+    assert!(page.contains("small (the default)"), "{page}");
+    assert!(
+        page.contains("Move to large (512MiB) and re-run"),
+        "the remedy offered: {page}"
+    );
+    assert!(page.contains("data-confirm"), "confirmed first: {page}");
+
+    let body = format!(
+        "csrf={}&request=r-1&profile=large&turn={turn}",
+        csrf_of(&page)
+    );
+    let (status, headers, _) = http(
+        &base,
+        "POST",
+        "/chats/oom-chat/remedy",
+        &[("Cookie", &cookie), ("Origin", &base)],
+        &body,
+    )
+    .await;
+    assert_eq!(status, 303);
+    let location = headers
+        .iter()
+        .find(|(k, _)| k == "location")
+        .map(|(_, v)| v.clone())
+        .unwrap_or_default();
+    assert!(location.contains("ok=true"), "{location}");
+    let again: TurnId = eventually(WAIT, "the re-run", || async {
+        let reruns = turnpike_store::views::reruns(&p.bus, &turn, 5).await.ok()?;
+        reruns.first().map(|r| r.turn.clone())
+    })
+    .await;
+    let record = wait_ended(&p.bus, &again, WAIT).await;
+    assert_eq!(record.state, TurnState::Done, "{record:?}");
+    let used = record.attempts[0]
+        .exit
+        .clone()
+        .and_then(|e| e.started)
+        .and_then(|s| s.profile)
+        .expect("the profile used");
+    assert_eq!(
+        (used.name.as_str(), used.memory_limit),
+        ("large", 512 << 20)
+    );
+    let (_, _, page) = http(&base, "GET", "/chats/oom-chat", &[("Cookie", &cookie)], "").await;
+    assert!(page.contains("large"), "{page}");
+    assert!(!page.contains("(the default)"), "moved: {page}");
+    stop.cancel();
+    p.stop().await;
+}

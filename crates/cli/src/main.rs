@@ -121,7 +121,11 @@ enum Command {
 enum RunnerCmd {
     /// Print, as Docker Engine API JSON, the container each attempt gets with this config (image,
     /// user, limits, network, read-only root, dropped capabilities), for review; runs nothing.
-    ContainerSpec,
+    ContainerSpec {
+        /// The resource profile to show (default: `default_profile`).
+        #[arg(long)]
+        profile: Option<String>,
+    },
 }
 
 #[derive(Subcommand)]
@@ -188,8 +192,8 @@ async fn run(command: Command, config: Config, json: bool) -> Result<std::proces
         Command::Dispatcher => roles::dispatcher(config).await,
         Command::Coordinator => roles::coordinator(config).await,
         Command::Runner {
-            cmd: Some(RunnerCmd::ContainerSpec),
-        } => tools::container_spec(&config),
+            cmd: Some(RunnerCmd::ContainerSpec { profile }),
+        } => tools::container_spec(&config, profile.as_deref()),
         Command::Runner { cmd: None } => roles::runner(config).await,
         Command::Send {
             chat,
@@ -199,7 +203,9 @@ async fn run(command: Command, config: Config, json: bool) -> Result<std::proces
             text,
         } => follow::send_command(&config, chat, id, timeout, &attach, &text).await,
         Command::Turns { cmd } => operator::turns_cmd(&cli_bus(&config).await?, cmd, json).await,
-        Command::Chats { cmd } => operator::chats_cmd(&cli_bus(&config).await?, cmd, json).await,
+        Command::Chats { cmd } => {
+            operator::chats_cmd(&cli_bus(&config).await?, &config, cmd, json).await
+        }
         Command::Runners => operator::cluster::runners_cmd(&cli_bus(&config).await?, json).await,
         Command::Status => operator::cluster::status_cmd(&cli_bus(&config).await?, json).await,
         Command::NatsAccounts { template } => tools::nats_accounts(template),

@@ -63,6 +63,16 @@ pub enum ChatsCmd {
         #[arg(long, default_value_t = default_operator())]
         by: String,
     },
+    /// The resource profile a chat runs with; with a profile, move the chat to it (its attempts
+    /// dispatched from now on run with it). `--default` moves it back to the default.
+    Profile {
+        chat: String,
+        profile: Option<String>,
+        #[arg(long, conflicts_with = "profile")]
+        default: bool,
+        #[arg(long, default_value_t = default_operator())]
+        by: String,
+    },
 }
 
 /// Which part of a long list to show.
@@ -311,6 +321,9 @@ fn show(r: &TurnRecord) {
                     .unwrap_or_else(|| "-".into()),
                 exit.map(|e| e.class.to_string())
                     .unwrap_or_else(|| "-".into()),
+                exit.and_then(|e| e.started.as_ref()?.profile.as_ref())
+                    .map(|p| format!("{} ({})", p.name, turnpike_config::ByteSize(p.memory_limit)))
+                    .unwrap_or_else(|| "-".into()),
                 a.messages_landed.to_string(),
                 if a.preamble.is_some() { "yes" } else { "no" }.into(),
             ]
@@ -324,6 +337,7 @@ fn show(r: &TurnRecord) {
             "STARTED",
             "ENDED",
             "EXIT",
+            "PROFILE",
             "LANDED",
             "PREAMBLE",
         ],
@@ -384,7 +398,12 @@ async fn action(bus: &Bus, subject: &str, req: &OpsRequest, json: bool) -> Resul
     })
 }
 
-pub async fn chats_cmd(bus: &Bus, cmd: ChatsCmd, json: bool) -> Result<ExitCode> {
+pub async fn chats_cmd(
+    bus: &Bus,
+    config: &turnpike_config::Config,
+    cmd: ChatsCmd,
+    json: bool,
+) -> Result<ExitCode> {
     match cmd {
         ChatsCmd::Errored { page } => {
             let (total, chats) = gather(page, |offset, limit| async move {
@@ -411,6 +430,49 @@ pub async fn chats_cmd(bus: &Bus, cmd: ChatsCmd, json: bool) -> Result<ExitCode>
         ChatsCmd::Clear { chat, by } => {
             let chat = ChatId::new(chat).context("chat id")?;
             action(bus, subjects::OPS_CLEAR, &OpsRequest::chat(by, chat), json).await
+        }
+        ChatsCmd::Profile {
+            chat,
+            profile,
+            default,
+            by,
+        } => {
+            let chat = ChatId::new(chat).context("chat id")?;
+            if profile.is_some() || default {
+                let req = OpsRequest::profile(by, chat, profile);
+                return action(bus, subjects::OPS_PROFILE, &req, json).await;
+            }
+            let moved = turnpike_store::profiles::of_chat(bus, &chat).await?;
+            let name = moved.clone().unwrap_or(config.default_profile.clone());
+            let limits = config.profile(Some(&name));
+            if json {
+                print_json(&serde_json::json!({
+                    "chat": chat,
+                    "profile": name,
+                    "moved": moved.is_some(),
+                    "memory_limit": limits.as_ref().map(|p| p.memory_limit.0),
+                    "run_timeout_ms": limits.as_ref().map(|p| p.run_timeout.as_millis() as u64),
+                }))?;
+            } else {
+                let how = if moved.is_some() {
+                    ""
+                } else {
+                    " (the default)"
+                };
+                match limits {
+                    Some(p) => println!(
+                        "{chat}: profile {name}{how}: memory {}, {} CPUs, time limit {}, image {}",
+                        p.memory_limit,
+                        p.cpus,
+                        humantime::format_duration(p.run_timeout),
+                        p.agent_image
+                    ),
+                    None => {
+                        println!("{chat}: profile {name}{how} (not defined in this configuration)")
+                    }
+                }
+            }
+            Ok(ExitCode::SUCCESS)
         }
     }
 }

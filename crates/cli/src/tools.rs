@@ -6,8 +6,15 @@ use std::process::ExitCode;
 use turnpike_config::Config;
 
 /// `turnpike runner container-spec`: the container every attempt of this runner gets.
-pub fn container_spec(config: &Config) -> Result<ExitCode> {
+pub fn container_spec(config: &Config, profile: Option<&str>) -> Result<ExitCode> {
     let runner = turnpike_runner::runner_id(config);
+    let Some(profile) = config.profile(profile) else {
+        anyhow::bail!(
+            "no profile {:?} in this configuration (defined: {})",
+            profile.unwrap_or_default(),
+            config.profile_names().join(", ")
+        );
+    };
     let chat = turnpike_core::ChatId::new("example-chat")?;
     let message = turnpike_core::wire::InboundMessage::new(chat.clone(), "example", "", None);
     let work = turnpike_core::wire::WorkItem {
@@ -18,6 +25,7 @@ pub fn container_spec(config: &Config) -> Result<ExitCode> {
         max_attempts: config.attempt_limit(),
         message,
         history: Vec::new(),
+        profile: Some(profile.name.clone()),
     };
     // The image's own entrypoint and command follow the watchdog; read at each attempt.
     let command = turnpike_runner::backend::watchdog_command(
@@ -26,9 +34,9 @@ pub fn container_spec(config: &Config) -> Result<ExitCode> {
     );
     let body = turnpike_runner::backend::ContainerSettings::new(config, runner).body(
         &work,
-        config.memory_limit.0,
+        &profile,
         // An attempt started now.
-        turnpike_jetstream::now().saturating_add(config.run_timeout),
+        turnpike_jetstream::now().saturating_add(profile.run_timeout),
         Some(command),
     );
     println!("{}", serde_json::to_string_pretty(&body)?);

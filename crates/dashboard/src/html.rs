@@ -13,7 +13,7 @@ mod chats;
 mod overview;
 mod turns;
 
-pub use chats::{chat, errored};
+pub use chats::{chat, errored, why_died, ChatProfile};
 pub use overview::{overview, runners, Overview};
 pub use turns::{live, turn};
 
@@ -267,11 +267,18 @@ mod tests {
             csrf: "t",
             now: Timestamp::from_millis(0),
         };
+        let profile = ChatProfile {
+            name: "<i>p</i>".into(),
+            moved: true,
+            defined: vec![("<i>q</i>".into(), 1 << 20)],
+        };
         let page = chat(
             &ctx,
             "<b>x</b>",
             None,
             &[],
+            &profile,
+            None,
             flash(Some("<script>alert(1)</script>"), false),
         );
         let s = layout(&ctx, &page).into_string();

@@ -104,6 +104,7 @@ pub fn turn(
                         span class=(format!("exit exit-{}", e.class)) { (e.class.as_str()) }
                         @if let Some(c) = e.exit_code { " code " (c) }
                         @if let Some(s) = e.signal { " signal " (s) }
+                        @if let Some(p) = e.started.as_ref().and_then(|s| s.profile.as_ref()) { " · profile " (p.name) " (" (turnpike_config::ByteSize(p.memory_limit)) ")" }
                         @if let (Some(s), Some(st)) = (a.started_at, Some(e.ended_at)) { " · ran " (duration(st.millis().saturating_sub(s.millis()))) }
                         @if let Some(err) = &e.error { div.small { (err) } }
                     }

@@ -22,6 +22,12 @@ pub(super) struct ActionForm {
     /// is the same request.
     #[serde(default)]
     request: Option<String>,
+    /// A profile to move a chat to (`/chats/<id>/profile`, `/chats/<id>/remedy`).
+    #[serde(default)]
+    profile: Option<String>,
+    /// The turn to run again after the move (`/chats/<id>/remedy`).
+    #[serde(default)]
+    turn: Option<String>,
 }
 
 /// The request came from one of our own pages: its `Origin` (or, without one, `Referer`) names
@@ -71,7 +77,12 @@ fn check_post(
 /// An action through the coordinators' ops service, as the operator; back to `back` with the
 /// coordinator's answer.
 pub(super) async fn ops(state: &State, subject: &str, req: OpsRequest, back: &str) -> Response {
-    let by = req.by.clone();
+    let (ok, msg) = ask(state, subject, &req).await;
+    ops_answer(&req.by, subject, ok, &msg, back)
+}
+
+/// Ask the coordinators' ops service: whether it was done, and what it said.
+async fn ask(state: &State, subject: &str, req: &OpsRequest) -> (bool, String) {
     let answer = tokio::time::timeout(
         Duration::from_secs(15),
         state
@@ -80,7 +91,7 @@ pub(super) async fn ops(state: &State, subject: &str, req: OpsRequest, back: &st
             .request(subject.to_owned(), req.to_json().into()),
     )
     .await;
-    let (ok, msg) = match answer {
+    match answer {
         Ok(Ok(m)) => match serde_json::from_slice::<OpsReply>(&m.payload) {
             Ok(r) => (r.ok, r.message),
             Err(e) => (
@@ -90,10 +101,14 @@ pub(super) async fn ops(state: &State, subject: &str, req: OpsRequest, back: &st
         },
         Ok(Err(e)) => (false, format!("no coordinator answered: {e}")),
         Err(_) => (false, "no coordinator answered within 15 s".to_owned()),
-    };
-    tracing::info!(by = %turnpike_core::sizes::quote(&by), subject, ok, answer = %turnpike_core::sizes::quote(&msg), "dashboard action");
+    }
+}
+
+/// Back to `back` with the coordinators' answer, logged.
+fn ops_answer(by: &str, subject: &str, ok: bool, msg: &str, back: &str) -> Response {
+    tracing::info!(by = %turnpike_core::sizes::quote(by), subject, ok, answer = %turnpike_core::sizes::quote(msg), "dashboard action");
     let sep = if back.contains('?') { '&' } else { '?' };
-    Redirect::to(&format!("{back}{sep}ok={ok}&msg={}", urlencode(&msg))).into_response()
+    Redirect::to(&format!("{back}{sep}ok={ok}&msg={}", urlencode(msg))).into_response()
 }
 
 fn back_to(headers: &HeaderMap, fallback: &str) -> String {
@@ -155,9 +170,55 @@ pub(super) async fn action(
             subjects::OPS_CLEAR,
             ChatId::new(id.as_str()).ok().map(Target::Chat),
         ),
+        ("chats", "profile" | "remedy") => {
+            let Ok(chat) = ChatId::new(id.as_str()) else {
+                return StatusCode::NOT_FOUND.into_response();
+            };
+            return move_chat(&state, &headers, &form, chat, verb == "remedy").await;
+        }
         _ => return StatusCode::NOT_FOUND.into_response(),
     };
     act(&state, &headers, &form, subject, target).await
+}
+
+/// `POST /chats/<id>/profile`: move the chat to `profile`; `/chats/<id>/remedy`: that, then run
+/// `turn` again (the concept's remedy for running out of memory, in one confirmed step).
+async fn move_chat(
+    state: &State,
+    headers: &HeaderMap,
+    form: &ActionForm,
+    chat: ChatId,
+    rerun: bool,
+) -> Response {
+    let s = match check_post(state, headers, form) {
+        Ok(s) => s,
+        Err(r) => return r.into_response(),
+    };
+    let back = format!("/chats/{chat}");
+    let profile = form.profile.clone().filter(|p| !p.is_empty());
+    let mut req = OpsRequest::profile(s.user.clone(), chat, profile);
+    req.id = form.request.clone().filter(|r| !r.is_empty());
+    if !rerun {
+        return ops(state, subjects::OPS_PROFILE, req, &back).await;
+    }
+    let Some(turn) = form.turn.as_deref().and_then(|t| TurnId::new(t).ok()) else {
+        return StatusCode::BAD_REQUEST.into_response();
+    };
+    let (moved, said) = ask(state, subjects::OPS_PROFILE, &req).await;
+    if !moved {
+        return ops_answer(&s.user, subjects::OPS_PROFILE, false, &said, &back);
+    }
+    let mut again = OpsRequest::turn(s.user.clone(), turn);
+    // Its own id, derived from the form's: the re-run is deduplicated as the move is.
+    again.id = req.id.as_ref().map(|id| format!("{id}-rerun"));
+    let (ok, rerun_said) = ask(state, subjects::OPS_RERUN, &again).await;
+    ops_answer(
+        &s.user,
+        subjects::OPS_RERUN,
+        ok,
+        &format!("{said}; {rerun_said}"),
+        &back,
+    )
 }
 
 #[derive(Deserialize)]

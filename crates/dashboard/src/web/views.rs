@@ -213,14 +213,46 @@ pub(super) async fn chat(
         return not_found(&state, &s, &headers, "No such chat.");
     };
     let bus = &state.bus;
-    let (record, recent) = match tokio::try_join!(views::chat(bus, &chat_id), async {
-        let ids = views::recent_turn_ids(bus, &chat_id, 20).await?;
-        views::records(bus, &ids).await
-    }) {
+    let (record, recent, moved) = match tokio::try_join!(
+        views::chat(bus, &chat_id),
+        async {
+            let ids = views::recent_turn_ids(bus, &chat_id, 20).await?;
+            views::records(bus, &ids).await
+        },
+        turnpike_store::profiles::of_chat(bus, &chat_id)
+    ) {
         Ok(x) => x,
         Err(e) => return failed(e),
     };
+    // Why the turn that flagged it died, and the remedy for running out of memory.
+    let errored_turn = match record.as_ref().and_then(|c| c.errored.as_ref()) {
+        Some(e) => match views::turn(bus, &e.turn).await {
+            Ok(r) => r,
+            Err(e) => return failed(e),
+        },
+        None => None,
+    };
+    let config = &state.config;
+    let mut defined: Vec<(String, u64)> = config
+        .profile_names()
+        .into_iter()
+        .filter_map(|n| config.profile(Some(&n)).map(|p| (n, p.memory_limit.0)))
+        .collect();
+    defined.sort_by(|a, b| a.1.cmp(&b.1).then_with(|| a.0.cmp(&b.0)));
+    let profile = html::ChatProfile {
+        name: moved.clone().unwrap_or(config.default_profile.clone()),
+        moved: moved.is_some(),
+        defined,
+    };
     render(&state, &s, &headers, |ctx| {
-        html::chat(ctx, chat_id.as_str(), record.as_ref(), &recent, flash(&f))
+        html::chat(
+            ctx,
+            chat_id.as_str(),
+            record.as_ref(),
+            &recent,
+            &profile,
+            errored_turn.as_ref(),
+            flash(&f),
+        )
     })
 }

@@ -84,31 +84,14 @@ impl Drop for Driver {
 }
 
 async fn start_dashboard(p: &Pipeline) -> (String, CancellationToken) {
-    start_dashboard_with(p, p.config.clone(), "http").await
+    start_dashboard_with(p, p.config.clone()).await
 }
 
 async fn start_dashboard_with(
     p: &Pipeline,
     config: turnpike_config::Config,
-    scheme: &str,
 ) -> (String, CancellationToken) {
-    let users = Users::default().with(
-        OPERATOR,
-        turnpike_dashboard::hash_password(PASSWORD).expect("hash"),
-    );
-    let access = Access {
-        users,
-        key: SessionKey::random().expect("key"),
-        session_ttl: Duration::from_secs(3600),
-        proxies: Default::default(),
-    };
-    let listener = Dashboard::bind("127.0.0.1:0").await.expect("bind");
-    let url = format!("{scheme}://{}", listener.local_addr().expect("addr"));
-    let dashboard = Dashboard::new(p.bus.clone(), config, access).expect("dashboard");
-    let token = CancellationToken::new();
-    let t = token.clone();
-    tokio::spawn(async move { dashboard.serve(listener, t).await.expect("serve") });
-    (url, token)
+    turnpike_testkit::serve_dashboard(&p.bus, &config, OPERATOR, PASSWORD).await
 }
 
 async fn path(c: &Client) -> String {

@@ -822,11 +822,7 @@ async fn out_of_memory_at_a_small_profile_answers_after_a_move_to_a_larger_one()
     assert_eq!(record.state, TurnState::GaveUp, "{record:?}");
     let exit = record.attempts[0].exit.clone().expect("exit");
     assert_eq!(exit.class, ExitClass::OomKilled, "{exit:?}");
-    let used = exit
-        .started
-        .and_then(|s| s.profile)
-        .expect("the profile used");
-    assert_eq!((used.name.as_str(), used.memory_limit), ("small", 64 << 20));
+    assert_eq!(profile_used(&record, 0), Some(("small".into(), 64 << 20)));
 
     let chat = turnpike_core::ChatId::new("dt-profiles").expect("chat");
     let moved = ops(
@@ -841,16 +837,7 @@ async fn out_of_memory_at_a_small_profile_answers_after_a_move_to_a_larger_one()
     let again = rerun.turn.expect("the new turn");
     let record = wait_ended(&bus, &again, T).await;
     assert_eq!(record.state, TurnState::Done, "{record:?}");
-    let used = record.attempts[0]
-        .exit
-        .clone()
-        .and_then(|e| e.started)
-        .and_then(|s| s.profile)
-        .expect("the profile used");
-    assert_eq!(
-        (used.name.as_str(), used.memory_limit),
-        ("large", 256 << 20)
-    );
+    assert_eq!(profile_used(&record, 0), Some(("large".into(), 256 << 20)));
     let items = visible_items(&bus, "dt-profiles").await;
     assert!(
         items.iter().any(|i| i.text == "allocated 100 MiB"),

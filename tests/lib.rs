@@ -81,6 +81,22 @@ pub async fn send_message(
 
 pub use turnpike_test_agent::fnv1a;
 
+/// The resource profile (name, memory limit) attempt `attempt` (from 0) of `record` reports it
+/// ran with, once it ended.
+pub fn profile_used(record: &TurnRecord, attempt: usize) -> Option<(String, u64)> {
+    let start = record
+        .attempts
+        .get(attempt)?
+        .exit
+        .as_ref()?
+        .started
+        .as_ref()?;
+    start
+        .profile
+        .as_ref()
+        .map(|p| (p.name.clone(), p.memory_limit))
+}
+
 /// A running turn whose agent replies only when told (`reply-when-file`), then hangs: a test
 /// looks at the turn before and after its reply lands, with no timing involved.
 pub struct ToldTurn {

@@ -346,15 +346,6 @@ fn run_info(text: &str) -> (String, turnpike_core::Timestamp) {
     (profile.to_owned(), deadline)
 }
 
-/// The profile an ended attempt reports it ran with.
-fn profile_used(record: &turnpike_core::TurnRecord, attempt: usize) -> Option<(String, u64)> {
-    let start = record.attempts[attempt].exit.as_ref()?.started.as_ref()?;
-    start
-        .profile
-        .as_ref()
-        .map(|p| (p.name.clone(), p.memory_limit))
-}
-
 /// Issue 37: an operator moves a chat to another profile at run time. Its next attempt runs
 /// with it (its deadline is the profile's time limit away); a retry runs with the chat's
 /// profile at its own dispatch, though its first attempt ran with the old one; the exit report

@@ -155,7 +155,7 @@ async fn the_dashboard_serves_https_when_given_a_certificate() {
     let mut config = p.config.clone();
     config.dashboard_tls_cert = Some(cert.clone());
     config.dashboard_tls_key = Some(key);
-    let (base, stop) = start_dashboard_with(&p, config, "https").await;
+    let (base, stop) = start_dashboard_with(&p, config).await;
     let curl = |args: Vec<String>| {
         let out = Command::new("curl")
             .args(["-s", "--max-time", "20", "--cacert"])
@@ -270,15 +270,9 @@ async fn an_errored_chat_that_ran_out_of_memory_is_moved_and_rerun_in_one_step()
     .await;
     let record = wait_ended(&p.bus, &again, WAIT).await;
     assert_eq!(record.state, TurnState::Done, "{record:?}");
-    let used = record.attempts[0]
-        .exit
-        .clone()
-        .and_then(|e| e.started)
-        .and_then(|s| s.profile)
-        .expect("the profile used");
     assert_eq!(
-        (used.name.as_str(), used.memory_limit),
-        ("large", 512 << 20)
+        turnpike_tests::profile_used(&record, 0),
+        Some(("large".into(), 512 << 20))
     );
     let (_, _, page) = http(&base, "GET", "/chats/oom-chat", &[("Cookie", &cookie)], "").await;
     assert!(page.contains("large"), "{page}");

@@ -10,8 +10,8 @@ use std::time::Duration;
 
 /// The profile every deployment has: the top-level settings.
 pub const DEFAULT_PROFILE: &str = "default";
-/// The longest profile name.
-pub const PROFILE_NAME_MAX: usize = 64;
+/// The longest profile name (what a work item carries).
+pub use turnpike_core::wire::PROFILE_NAME_MAX;
 
 /// What one `[profiles.<name>]` table sets; the rest is the top-level settings.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -50,20 +50,9 @@ pub struct Profile {
     pub network_mode: String,
 }
 
-/// Is `name` a profile name (letters, digits, `_`, `-`, `.`; 1 to 64)?
+/// Is `name` a profile name (letters, digits, `_`, `-`, `.`, not starting with `.`; 1 to 64)?
 pub fn check_profile_name(name: &str) -> Result<(), String> {
-    let ok = !name.is_empty()
-        && name.len() <= PROFILE_NAME_MAX
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'));
-    if ok {
-        Ok(())
-    } else {
-        Err(format!(
-            "profile name {name:?}: 1 to {PROFILE_NAME_MAX} letters, digits, '_', '-' or '.'"
-        ))
-    }
+    crate::secrets::plain_name("profile", name, PROFILE_NAME_MAX)
 }
 
 impl Config {

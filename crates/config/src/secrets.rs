@@ -60,8 +60,14 @@ pub fn parse_agent_secrets(list: &str) -> Result<Vec<AgentSecret>, String> {
 }
 
 fn check_name(name: &str) -> Result<(), String> {
+    plain_name("secret", name, SECRET_NAME_MAX)
+}
+
+/// Is `name` a plain name of a `kind` of thing: 1 to `max` letters, digits, `_`, `-` or `.`, not
+/// starting with `.` (it may become a file name)?
+pub(crate) fn plain_name(kind: &str, name: &str, max: usize) -> Result<(), String> {
     let ok = !name.is_empty()
-        && name.len() <= SECRET_NAME_MAX
+        && name.len() <= max
         && !name.starts_with('.')
         && name
             .bytes()
@@ -70,7 +76,7 @@ fn check_name(name: &str) -> Result<(), String> {
         Ok(())
     } else {
         Err(format!(
-            "secret name {name:?}: 1 to {SECRET_NAME_MAX} letters, digits, '_', '-' or '.', not starting with '.'"
+            "{kind} name {name:?}: 1 to {max} letters, digits, '_', '-' or '.', not starting with '.'"
         ))
     }
 }

@@ -439,7 +439,7 @@ pub fn csrf_of(page: &str) -> String {
 }
 
 /// A dashboard on a loopback port of its own over `bus`, its one operator `user` with
-/// `password`: its base URL, and what stops it.
+/// `password`: its base URL (`https` when `config` gives it a certificate), and what stops it.
 pub async fn serve_dashboard(
     bus: &turnpike_store::Bus,
     config: &turnpike_config::Config,
@@ -458,7 +458,12 @@ pub async fn serve_dashboard(
         proxies: Default::default(),
     };
     let listener = Dashboard::bind("127.0.0.1:0").await.expect("bind");
-    let url = format!("http://{}", listener.local_addr().expect("addr"));
+    let scheme = if config.dashboard_tls_cert.is_some() {
+        "https"
+    } else {
+        "http"
+    };
+    let url = format!("{scheme}://{}", listener.local_addr().expect("addr"));
     let dashboard = Dashboard::new(bus.clone(), config.clone(), access).expect("dashboard");
     let token = tokio_util::sync::CancellationToken::new();
     let t = token.clone();

@@ -519,7 +519,6 @@ async fn backend_and_spec(
         },
         attachments: Vec::new(),
         profile: config.profile(None).expect("the default profile"),
-        memory_limit: config.memory_limit.0,
         deadline: turnpike_jetstream::now().saturating_add(config.run_timeout),
         secrets: Default::default(),
         stop_grace: config.stop_grace,

@@ -301,7 +301,6 @@ impl Attempt {
             work: work.clone(),
             attachments: spool.files.clone(),
             profile: profile.clone(),
-            memory_limit: profile.memory_limit.0,
             deadline,
             secrets: secrets.clone(),
             stop_grace: ctx.config.stop_grace,

@@ -27,7 +27,6 @@ pub struct RunSpec {
     pub attachments: Vec<crate::attachments::Spooled>,
     /// The resource profile it runs with (image, limits, network, secrets' names).
     pub profile: turnpike_config::Profile,
-    pub memory_limit: u64,
     /// When the run's time limit stops it (this host's clock): the agent is told, to post a
     /// summary before then.
     pub deadline: turnpike_core::Timestamp,

@@ -70,7 +70,10 @@ impl ProcessBackend {
         if let Some(stopped) = super::stopped_before_start(&stop) {
             return stopped;
         }
-        let (mut child, pid) = match self.start(created.command, spec.memory_limit).await {
+        let (mut child, pid) = match self
+            .start(created.command, spec.profile.memory_limit.0)
+            .await
+        {
             Ok(started) => started,
             Err(raw) => return raw,
         };
@@ -449,7 +452,6 @@ mod tests {
             profile: turnpike_config::Config::default()
                 .profile(None)
                 .expect("the default profile"),
-            memory_limit: 1 << 30,
             deadline: turnpike_jetstream::now(),
             secrets: Default::default(),
             stop_grace: std::time::Duration::from_secs(1),

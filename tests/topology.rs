@@ -142,6 +142,26 @@ async fn files_load_through_the_api_and_turnpike_creates_the_same_topology() {
         .expect("object put");
 }
 
+/// The attachment store reserves its size on the server; a server that cannot hold it refuses
+/// the stream, and the error names the setting to lower.
+#[tokio::test]
+async fn a_store_the_server_cannot_reserve_names_its_setting() {
+    let server = NatsServer::start_with_conf("jetstream { max_file_store: 512MB }\n");
+    let js = jetstream::new(server.client().await);
+    let mut config = config_for(&server);
+    config.attachments_store_max_bytes = turnpike_config::ByteSize(1024 * 1024 * 1024);
+    let err = topology::ensure(&js, &config)
+        .await
+        .expect_err("1 GiB does not fit in 512 MB");
+    let said = err.to_string();
+    assert!(
+        said.contains("OBJ_turnpike_attachments") && said.contains("attachments_store_max_bytes"),
+        "{said}"
+    );
+    config.attachments_store_max_bytes = turnpike_config::ByteSize(256 * 1024 * 1024);
+    topology::ensure(&js, &config).await.expect("256 MiB fits");
+}
+
 #[tokio::test]
 async fn retention_and_replicas_come_from_config() {
     let server = NatsServer::start();

@@ -324,7 +324,7 @@ impl Default for Config {
             chat_queue_max: 1000,
             attachments_max: 16,
             attachments_max_total_bytes: ByteSize(64 * 1024 * 1024),
-            attachments_store_max_bytes: ByteSize(8 * 1024 * 1024 * 1024),
+            attachments_store_max_bytes: ByteSize(1024 * 1024 * 1024),
             runner_id: None,
             runner_slots: 2,
             runner_backend: Backend::Docker,

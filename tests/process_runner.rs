@@ -475,3 +475,52 @@ async fn a_profile_the_runner_does_not_define_could_not_start() {
         "{error}"
     );
 }
+
+/// Issue 37, the egress list with the process backend: the agent gets a proxy on loopback that
+/// opens what the list names and refuses the rest (enforcement against direct connections is
+/// Docker's: tests/egress.rs).
+#[tokio::test]
+async fn the_process_backend_proxies_an_egress_list() {
+    let listed = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let port = listed.local_addr().expect("addr").port();
+    let other = turnpike_testkit::free_port();
+    let _serve = tokio_util::task::AbortOnDropHandle::new(tokio::spawn(async move {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        while let Ok((mut s, _)) = listed.accept().await {
+            let mut buf = [0u8; 4096];
+            let _ = s.read(&mut buf).await;
+            let _ = s
+                .write_all(
+                    b"HTTP/1.1 200 OK\r\nContent-Length: 6\r\nConnection: close\r\n\r\nhello\n",
+                )
+                .await;
+        }
+    }));
+    let p = Pipeline::start(AGENT, |c| {
+        c.egress_allow = format!("127.0.0.1:{port}");
+    })
+    .await;
+    let turn = send(
+        &p.bus,
+        "chat-egress",
+        "m-1",
+        &format!("fetch:http://127.0.0.1:{port}/,http://127.0.0.1:{other}/,plain=http://localhost:{port}/"),
+    )
+    .await;
+    let record = wait_ended(&p.bus, &turn, T).await;
+    assert_eq!(record.state, TurnState::Done, "{record:?}");
+    let replies = visible_items(&p.bus, "chat-egress").await;
+    let refused =
+        |d: &str| format!("turnpike egress proxy: {d} is not on this agent's egress allowlist");
+    assert_eq!(
+        replies[0].text,
+        format!(
+            "http://127.0.0.1:{port}/ -> 200 hello\nhttp://127.0.0.1:{other}/ -> proxy 403 {}\nplain=http://localhost:{port}/ -> 403 {}",
+            refused(&format!("127.0.0.1:{other}")),
+            refused(&format!("localhost:{port}")),
+        )
+    );
+    p.stop().await;
+}

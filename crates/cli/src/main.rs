@@ -115,6 +115,17 @@ enum Command {
     /// The built-in test agent (reads an input document on stdin); used by the process backend.
     #[command(hide = true)]
     TestAgent,
+    /// The egress proxy a runner starts beside an agent whose profile has `egress_allow`: HTTP
+    /// CONNECT and plain HTTP to the listed destinations only. Prints `ready <address>`, then
+    /// one line per connection (`allowed host:port`, `refused host:port`, …).
+    EgressProxy {
+        /// Where to listen.
+        #[arg(long, default_value = "0.0.0.0:3128")]
+        listen: std::net::SocketAddr,
+        /// The destinations, `host:port,…` (as `egress_allow`).
+        #[arg(long)]
+        allow: String,
+    },
 }
 
 #[derive(Subcommand)]
@@ -138,6 +149,21 @@ fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     if let Command::TestAgent = cli.command {
         turnpike_test_agent::run();
+    }
+    if let Command::EgressProxy { listen, allow } = &cli.command {
+        // Needs no configuration: it runs in a container of its own with its list as argument.
+        let served = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(anyhow::Error::from)
+            .and_then(|rt| rt.block_on(tools::egress_proxy(*listen, allow)));
+        return match served {
+            Ok(code) => code,
+            Err(e) => {
+                eprintln!("turnpike egress-proxy: {}", cause_chain(&e));
+                std::process::ExitCode::from(2)
+            }
+        };
     }
     let config = match Config::load(cli.config.as_deref()) {
         Ok(c) => c,
@@ -217,6 +243,7 @@ async fn run(command: Command, config: Config, json: bool) -> Result<std::proces
             operator::cluster::watch_cmd(&cli_bus(&config).await?, chat, json, limit).await
         }
         Command::TestAgent => turnpike_test_agent::run(),
+        Command::EgressProxy { listen, allow } => tools::egress_proxy(listen, &allow).await,
     }
 }
 

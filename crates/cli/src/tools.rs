@@ -75,3 +75,16 @@ pub fn hash_password() -> Result<ExitCode> {
     println!("{}", turnpike_dashboard::hash_password(password)?);
     Ok(ExitCode::SUCCESS)
 }
+
+/// Serve as an agent's egress proxy until killed (its runner removes the container).
+pub async fn egress_proxy(listen: std::net::SocketAddr, allow: &str) -> Result<ExitCode> {
+    let allow = turnpike_egress::Allowlist::parse(allow)
+        .map_err(|why| anyhow::anyhow!("--allow {allow:?}: {why}"))?;
+    let listener = tokio::net::TcpListener::bind(listen)
+        .await
+        .with_context(|| format!("listen on {listen}"))?;
+    // Line by line, each whole: the runner reads them from the container's log.
+    println!("ready {}", listener.local_addr()?);
+    turnpike_egress::serve(listener, allow, |d| println!("{d}")).await;
+    Ok(ExitCode::SUCCESS)
+}

@@ -20,6 +20,7 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+pub mod egress;
 mod profiles;
 mod secrets;
 mod units;
@@ -117,6 +118,20 @@ pub struct Config {
     /// Docker network mode of agent containers: `none`, `bridge`, or a network name (never
     /// `host`, nor `container:<id>`, which would share another container's network).
     pub network_mode: String,
+    /// Where agents may connect, comma-separated `host:port` (e.g. `api.openai.com:443`;
+    /// `*.example.com:443` for every name below example.com). Empty: no list, the network is
+    /// `network_mode`'s. With a list (docker backend), each attempt's container is on an
+    /// internal network of its own with no route out, beside a proxy container the runner
+    /// starts (`egress_proxy_image`) that opens HTTP CONNECT tunnels and plain HTTP requests
+    /// to the listed destinations only; the agent gets `HTTPS_PROXY`/`HTTP_PROXY`. Names are
+    /// matched as written, never by the address they resolve to. Needs `network_mode = "none"`.
+    /// The process backend sets the same proxy variables but cannot stop a direct connection.
+    pub egress_allow: String,
+    /// Image of the egress proxy (docker backend; runs `egress-proxy` with the attempt's list).
+    pub egress_proxy_image: String,
+    /// The Docker network the egress proxy reaches the allowed destinations through (`bridge`,
+    /// or a network of yours where the agent's endpoints live).
+    pub egress_network: String,
     /// Directory of the secrets agents may be given, one file each, named as the secret: e.g.
     /// `/run/secrets` in a runner's container, where Docker and compose put secrets. Read at
     /// every attempt, so a rotated file is used from the next attempt on. A value never enters
@@ -130,7 +145,7 @@ pub struct Config {
     /// could not start.
     pub agent_secrets: String,
     /// Named resource profiles, each a table of any of `memory_limit`, `cpus`, `pids_limit`,
-    /// `run_timeout`, `agent_image`, `agent_secrets` and `network_mode` (the rest: the settings
+    /// `run_timeout`, `agent_image`, `agent_secrets`, `network_mode` and `egress_allow` (the rest: the settings
     /// above), e.g. `[profiles.big]` `memory_limit = "2GiB"`. Chats are moved between profiles
     /// at run time (`turnpike chats profile <chat> <profile>`); a turn's attempt runs with its
     /// chat's profile as it was when the attempt was dispatched. The retry budget is not a
@@ -309,6 +324,9 @@ impl Default for Config {
             pids_limit: 256,
             cpus: 1.0,
             network_mode: "none".into(),
+            egress_allow: String::new(),
+            egress_proxy_image: "turnpike:latest".into(),
+            egress_network: "bridge".into(),
             agent_user: "65534:65534".into(),
             stop_grace: Duration::from_secs(10),
             secrets_dir: None,

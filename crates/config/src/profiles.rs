@@ -1,5 +1,5 @@
 //! Resource profiles: named sets of the limits an agent runs with (memory, CPUs, processes, run
-//! time limit, image, secrets, network). Chats are mapped to profiles at run time (the
+//! time limit, image, secrets, network, egress list). Chats are mapped to profiles at run time (the
 //! coordinators keep the mapping in JetStream); a chat not mapped runs with `default_profile`.
 //! Each setting a profile leaves out is the top-level one: the top-level settings are the
 //! profile `default` unless `[profiles.default]` changes some of them.
@@ -35,6 +35,8 @@ pub struct ProfileSettings {
     pub agent_secrets: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub network_mode: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub egress_allow: Option<String>,
 }
 
 /// A profile, every setting resolved.
@@ -48,6 +50,8 @@ pub struct Profile {
     pub agent_image: String,
     pub agent_secrets: Vec<AgentSecret>,
     pub network_mode: String,
+    /// Where the agent may connect (empty: `network_mode` alone decides).
+    pub egress_allow: crate::egress::Allowlist,
 }
 
 /// Is `name` a profile name (letters, digits, `_`, `-`, `.`, not starting with `.`; 1 to 64)?
@@ -85,6 +89,14 @@ impl Config {
             network_mode: settings
                 .network_mode
                 .unwrap_or_else(|| self.network_mode.clone()),
+            // Checked when the config was loaded.
+            egress_allow: crate::egress::Allowlist::parse(
+                settings
+                    .egress_allow
+                    .as_deref()
+                    .unwrap_or(&self.egress_allow),
+            )
+            .unwrap_or_default(),
         })
     }
 
@@ -118,6 +130,7 @@ impl Config {
                     .clone()
                     .unwrap_or(self.agent_secrets.clone()),
                 network_mode: s.network_mode.clone().unwrap_or(self.network_mode.clone()),
+                egress_allow: s.egress_allow.clone().unwrap_or(self.egress_allow.clone()),
                 profiles: Default::default(),
                 default_profile: DEFAULT_PROFILE.into(),
                 ..self.clone()

@@ -26,7 +26,17 @@ impl fmt::Display for AgentSecret {
 }
 
 /// Variables an agent's run sets itself, or that would change how its programs run.
-const RESERVED_ENV: [&str; 5] = ["PATH", "HOME", "LD_PRELOAD", "LD_LIBRARY_PATH", "HOSTNAME"];
+const RESERVED_ENV: [&str; 9] = [
+    "PATH",
+    "HOME",
+    "LD_PRELOAD",
+    "LD_LIBRARY_PATH",
+    "HOSTNAME",
+    "HTTP_PROXY",
+    "HTTPS_PROXY",
+    "NO_PROXY",
+    "ALL_PROXY",
+];
 
 /// `name[:ENV_VAR]`, comma-separated (spaces around items ignored; empty: none). Names are
 /// letters, digits, `_`, `-` and `.`, not starting with `.`; variables are `[A-Z_][A-Z0-9_]*`,

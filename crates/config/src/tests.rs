@@ -413,3 +413,47 @@ fn profiles_come_from_the_file_and_the_environment() {
         Ok(())
     });
 }
+
+#[test]
+fn egress_lists_are_checked_and_need_no_network_of_their_own() {
+    figment::Jail::expect_with(|jail| {
+        jail.set_env("TURNPIKE_EGRESS_ALLOW", "api.example.com:443, llm:8080");
+        let c = Config::load(None).expect("loads");
+        let p = c.profile(None).expect("default");
+        assert_eq!(p.egress_allow.to_string(), "api.example.com:443,llm:8080");
+        jail.set_env("TURNPIKE_NETWORK_MODE", "bridge");
+        let e = Config::load(None)
+            .expect_err("a list beside a network")
+            .to_string();
+        assert!(
+            e.contains("egress_allow") && e.contains("network_mode must be none"),
+            "{e}"
+        );
+        jail.set_env("TURNPIKE_NETWORK_MODE", "none");
+        jail.set_env("TURNPIKE_EGRESS_ALLOW", "api.example.com");
+        let e = Config::load(None).expect_err("no port").to_string();
+        assert!(e.contains("egress_allow") && e.contains("host:port"), "{e}");
+        jail.set_env("TURNPIKE_EGRESS_ALLOW", "");
+        // Per profile: a list of its own, or none where the top level has one.
+        jail.set_env(
+            "TURNPIKE_PROFILES",
+            r#"{llm={egress_allow="api.openai.com:443"},open={network_mode="bridge"},bad={egress_allow="x:1",network_mode="bridge"}}"#,
+        );
+        let e = Config::load(None).expect_err("bad profile").to_string();
+        assert!(e.contains("bad.egress_allow"), "{e}");
+        jail.set_env(
+            "TURNPIKE_PROFILES",
+            r#"{llm={egress_allow="api.openai.com:443"},open={network_mode="bridge"}}"#,
+        );
+        let c = Config::load(None).expect("loads");
+        let llm = c.profile(Some("llm")).expect("llm");
+        assert!(llm.egress_allow.allows("api.openai.com", 443));
+        assert!(c
+            .profile(Some("open"))
+            .expect("open")
+            .egress_allow
+            .is_empty());
+        assert!(c.profile(None).expect("default").egress_allow.is_empty());
+        Ok(())
+    });
+}

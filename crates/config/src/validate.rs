@@ -170,6 +170,21 @@ impl Config {
         if let Err(why) = network_mode(&self.network_mode) {
             return Err(invalid("network_mode", self.network_mode.clone(), why));
         }
+        let egress = crate::egress::Allowlist::parse(&self.egress_allow)
+            .map_err(|why| invalid("egress_allow", self.egress_allow.clone(), &why))?;
+        if !egress.is_empty() && self.network_mode != "none" {
+            return Err(invalid(
+                "egress_allow",
+                self.egress_allow.clone(),
+                &format!(
+                    "an egress list gives the agent a network of its own; network_mode must be none, not {}",
+                    self.network_mode
+                ),
+            ));
+        }
+        if let Err(why) = network_mode(&self.egress_network) {
+            return Err(invalid("egress_network", self.egress_network.clone(), why));
+        }
         if self.pids_limit <= 0 {
             return Err(invalid(
                 "pids_limit",

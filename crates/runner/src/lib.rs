@@ -152,6 +152,22 @@ impl Runner {
                     .agent_command
                     .as_deref()
                     .ok_or(backend::BackendError::NoAgentCommand)?;
+                let lists: Vec<String> = config
+                    .profile_names()
+                    .into_iter()
+                    .filter(|p| {
+                        config
+                            .profile(Some(p))
+                            .is_some_and(|p| !p.egress_allow.is_empty())
+                    })
+                    .collect();
+                if !lists.is_empty() {
+                    tracing::warn!(
+                        profiles = %lists.join(","),
+                        "egress lists are advisory with the process backend: agents get the proxy, \
+                         but nothing stops a direct connection (use the docker backend to enforce them)"
+                    );
+                }
                 Backend::Process(ProcessBackend::new(command, config.scratch_dir.clone())?)
             }
             turnpike_config::Backend::Docker => {

@@ -31,6 +31,7 @@
 //! | `secret:<name>[:<VAR>]` | replies the FNV-1a hash of secret `<name>`'s file (in `$TURNPIKE_SECRETS`) and of variable `<VAR>` |
 //! | `leak:<name>` | prints secret `<name>` in a status line, on stderr and as a stray stdout line; on attempt 1 then reports it as its error and exits 1 (retried), later replies with it |
 //! | `leak-fail:<name>` | reports secret `<name>` as its error and exits 0 (a failure, not retried) |
+//! | `fetch:<item>,…` | replies one line per item, `<item> -> <outcome>`: an `http://host:port/path` URL is fetched through `HTTP_PROXY` by a CONNECT tunnel (directly without one), `plain=<url>` as a plain proxied request, `direct=<host:port>` is a bare TCP connection past any proxy |
 //! | anything else | echoes the text back |
 //!
 //! The modifier `with-attachments` makes the agent send a status line describing its attachments
@@ -38,6 +39,8 @@
 //!
 //! The modifier `show-prompt` anywhere in the text makes the agent send its prompt as a status
 //! line first and quote it in replies (tests read the retry preamble that way).
+
+mod net;
 
 use serde_json::json;
 use std::io::{Read, Write};
@@ -404,6 +407,17 @@ impl Script<'_> {
                 for i in 1..=n {
                     message(&format!("flood {i}/{n}"));
                 }
+                result_ok();
+            }
+            "fetch" => {
+                let lines: Vec<String> = self
+                    .arg
+                    .unwrap_or_default()
+                    .split(',')
+                    .filter(|i| !i.is_empty())
+                    .map(net::probe)
+                    .collect();
+                self.reply(&lines.join("\n"));
                 result_ok();
             }
             "write-file" => {

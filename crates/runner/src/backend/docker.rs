@@ -19,6 +19,7 @@ use turnpike_config::Config;
 use turnpike_core::wire::WorkItem;
 use turnpike_core::{ChatId, RunnerId, TurnId};
 
+mod egress;
 mod image;
 mod run;
 mod settings;
@@ -61,6 +62,8 @@ pub struct DockerBackend {
     /// The watchdog binary, copied into every agent container (read from `agent_init_image`
     /// once, at start).
     init: bytes::Bytes,
+    /// Where egress proxies come from and reach out through.
+    egress: egress::EgressSettings,
 }
 
 /// A container Turnpike started, as its labels describe it.
@@ -104,10 +107,29 @@ impl DockerBackend {
         .await
         .map_err(BackendError::DockerUnreachable)?;
         let init = load_init(&docker, &config.agent_init_image).await?;
+        let egress = egress::EgressSettings {
+            image: config.egress_proxy_image.clone(),
+            network: config.egress_network.clone(),
+        };
+        // An attempt would find out too late: a profile with an egress list needs the proxy.
+        let lists = config
+            .profile_names()
+            .iter()
+            .filter_map(|p| config.profile(Some(p)))
+            .any(|p| !p.egress_allow.is_empty());
+        if lists {
+            if let Err(e) = docker.inspect_image(&egress.image).await {
+                return Err(BackendError::ProxyImage {
+                    image: egress.image,
+                    detail: e.to_string(),
+                });
+            }
+        }
         Ok(DockerBackend {
             docker,
             container: ContainerSettings::new(config, runner),
             init,
+            egress,
         })
     }
 
@@ -155,11 +177,11 @@ impl DockerBackend {
     }
 
     fn container_name(&self, turn: &TurnId, attempt: u32) -> String {
-        // Docker names: [a-zA-Z0-9][a-zA-Z0-9_.-]*; our ids already fit.
-        format!("turnpike-{}-{turn}-{attempt}", self.container.runner)
+        self.container.name(turn, attempt)
     }
 
-    /// Remove every container labelled with this runner's id (left by an earlier life).
+    /// Remove every container labelled with this runner's id (left by an earlier life), and
+    /// its attempts' egress proxies and networks.
     pub async fn reap_orphans(&self) -> Result<Vec<Orphan>, BackendError> {
         let mut out = Vec::new();
         for c in self
@@ -174,6 +196,7 @@ impl DockerBackend {
                 chat: c.chat,
             });
         }
+        self.reap_egress().await?;
         Ok(out)
     }
 

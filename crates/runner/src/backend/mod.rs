@@ -69,6 +69,8 @@ pub enum BackendError {
     DockerUnreachable(#[source] bollard::errors::Error),
     #[error("cannot read the agent watchdog from image {image:?} (agent_init_image; build it with deploy/build-images.sh): {detail}")]
     InitImage { image: String, detail: String },
+    #[error("a profile has an egress list (egress_allow) but the proxy image {image:?} is not there (egress_proxy_image; build it with deploy/build-images.sh): {detail}")]
+    ProxyImage { image: String, detail: String },
     #[error("the Docker Engine failed to {what}: {source}")]
     Docker {
         what: &'static str,

@@ -109,6 +109,9 @@ impl ProcessBackend {
         );
         let _ = settle(stdout, &run).await;
         let stderr_tail = settle(stderr, &run).await.unwrap_or_default();
+        if let Some(egress) = created.egress {
+            egress.report();
+        }
         drop(created.dir);
         collect(status, stopped_by, &stderr_tail)
     }
@@ -154,10 +157,16 @@ impl ProcessBackend {
                 command.env(var, value);
             }
         }
+        let egress = if spec.profile.egress_allow.is_empty() {
+            None
+        } else {
+            Some(LocalEgress::start(&spec.profile.egress_allow, &mut command).await?)
+        };
         Ok(Created {
             dir,
             input,
             command,
+            egress,
         })
     }
 
@@ -193,11 +202,69 @@ impl ProcessBackend {
     }
 }
 
+/// An attempt's egress proxy on loopback. Its list is applied to what goes through it; a child
+/// process can still connect directly (there is no network namespace here): use Docker to
+/// enforce the list.
+struct LocalEgress {
+    _serve: tokio_util::task::AbortOnDropHandle<()>,
+    decisions: std::sync::Arc<std::sync::Mutex<Vec<turnpike_egress::Decision>>>,
+}
+
+impl LocalEgress {
+    async fn start(
+        allow: &turnpike_egress::Allowlist,
+        command: &mut Command,
+    ) -> Result<LocalEgress, RawExit> {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .map_err(|e| engine_error(format!("cannot open the egress proxy: {e}")))?;
+        let addr = listener
+            .local_addr()
+            .map_err(|e| engine_error(format!("cannot open the egress proxy: {e}")))?;
+        let decisions = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let log = decisions.clone();
+        let serve = tokio::spawn(turnpike_egress::serve(listener, allow.clone(), move |d| {
+            if let Ok(mut log) = log.lock() {
+                log.push(d);
+            }
+        }));
+        let url = format!("http://{addr}");
+        for var in ["HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"] {
+            command.env(var, &url);
+        }
+        Ok(LocalEgress {
+            _serve: tokio_util::task::AbortOnDropHandle::new(serve),
+            decisions,
+        })
+    }
+
+    /// Log what it refused (an agent asking for an unlisted destination is news to its
+    /// operator).
+    fn report(&self) {
+        let Ok(decisions) = self.decisions.lock() else {
+            return;
+        };
+        let refused: Vec<String> = decisions
+            .iter()
+            .filter(|d| matches!(d, turnpike_egress::Decision::Refused { .. }))
+            .map(|d| d.to_string())
+            .collect();
+        if !refused.is_empty() {
+            tracing::info!(
+                refused = refused.len(),
+                destinations = %refused.join(","),
+                "egress refused destinations not on the profile's list"
+            );
+        }
+    }
+}
+
 /// What [`ProcessBackend::create`] made ready: the directory lives until the run is over.
 struct Created {
     dir: AttemptDir,
     input: Vec<u8>,
     command: Command,
+    egress: Option<LocalEgress>,
 }
 
 /// The attachments, under `dir` (made only if there are any); their paths as the agent sees them.

@@ -52,6 +52,32 @@ impl DockerBackend {
             }
             Err(e) => return engine_error(format!("inspecting the agent image failed: {e}")),
         };
+        let egress = if spec.profile.egress_allow.is_empty() {
+            None
+        } else {
+            match self.egress_up(&name, &spec.profile).await {
+                Ok(e) => Some(e),
+                Err(raw) => return raw,
+            }
+        };
+        let raw = self.run_named(spec, &name, command, input, out, stop).await;
+        if let Some(egress) = egress {
+            self.egress_down(&egress, true).await;
+        }
+        raw
+    }
+
+    /// Create the container `name`, run it, remove it.
+    async fn run_named(
+        &self,
+        spec: &RunSpec,
+        name: &str,
+        command: Vec<String>,
+        input: Vec<u8>,
+        out: mpsc::Sender<Output>,
+        stop: watch::Receiver<Option<StopReason>>,
+    ) -> RawExit {
+        let work = &spec.work;
         let first = spec
             .watchdog
             .borrow()
@@ -65,7 +91,7 @@ impl DockerBackend {
         let created = self
             .docker
             .create_container(
-                Some(CreateContainerOptionsBuilder::new().name(&name).build()),
+                Some(CreateContainerOptionsBuilder::new().name(name).build()),
                 body,
             )
             .await;
@@ -366,7 +392,7 @@ impl DockerBackend {
 /// (about five minutes of a failing engine, between waits that back off to 5 s).
 const WAITS_LOST_MAX: u32 = 60;
 
-fn engine_error(message: String) -> RawExit {
+pub(super) fn engine_error(message: String) -> RawExit {
     RawExit {
         engine_error: Some(message),
         ..RawExit::default()

@@ -40,6 +40,12 @@ impl ContainerSettings {
         }
     }
 
+    /// The name of an attempt's container (its network and egress proxy are named after it).
+    pub fn name(&self, turn: &turnpike_core::TurnId, attempt: u32) -> String {
+        // Docker names: [a-zA-Z0-9][a-zA-Z0-9_.-]*; our ids already fit.
+        format!("turnpike-{}-{turn}-{attempt}", self.runner)
+    }
+
     /// The agent's user id, owner of its secret files (`agent_user` is numeric, checked at load).
     pub(super) fn uid(&self) -> u64 {
         let uid = self.user.split(':').next().unwrap_or_default();
@@ -58,6 +64,17 @@ impl ContainerSettings {
         command: Option<Vec<String>>,
     ) -> ContainerCreateBody {
         let memory = i64::try_from(profile.memory_limit.0).unwrap_or(i64::MAX);
+        // With an egress list, the attempt's own internal network, its proxy the way out.
+        let egress = !profile.egress_allow.is_empty();
+        let network = if egress {
+            super::egress::network_of(&self.name(&work.turn, work.attempt))
+        } else {
+            profile.network_mode.clone()
+        };
+        let mut env = env(work, profile, deadline);
+        if egress {
+            env.extend(super::egress::proxy_env());
+        }
         let cmd = command.as_ref().map(|_| Vec::new());
         ContainerCreateBody {
             image: Some(profile.agent_image.clone()),
@@ -70,7 +87,7 @@ impl ContainerSettings {
             open_stdin: Some(true),
             stdin_once: Some(true),
             tty: Some(false),
-            env: Some(env(work, profile, deadline)),
+            env: Some(env),
             labels: Some(HashMap::from([
                 (LABEL_MANAGED.to_owned(), "true".to_owned()),
                 (LABEL_RUNNER.to_owned(), self.runner.to_string()),
@@ -85,7 +102,7 @@ impl ContainerSettings {
                 memory_swap: Some(memory),
                 pids_limit: Some(profile.pids_limit),
                 nano_cpus: Some((profile.cpus * 1e9) as i64),
-                network_mode: Some(profile.network_mode.clone()),
+                network_mode: Some(network),
                 cap_drop: Some(vec!["ALL".to_owned()]),
                 security_opt: Some(vec!["no-new-privileges".to_owned()]),
                 // Nothing of the image can be changed: the agent writes to a small /tmp in

@@ -77,6 +77,11 @@ echo "fault suite summary (lost, duplicated and wrong outcome must all be 0):"
 left=$(docker ps -a --filter label=turnpike.managed --format '{{.Names}}' | grep -E '^turnpike-(dt|tpf)' || true)
 left="$left$(docker ps -a --filter label=turnpike.fault --format '{{.Names}}')"
 left="$left$(docker network ls --filter label=turnpike.fault --format '{{.Name}}')"
+# Nor an egress proxy or attempt network of a test runner, nor a test's own endpoints.
+left="$left$(docker ps -a --filter label=turnpike.egress.runner --format '{{.Names}}' | grep -E '^turnpike-dt' || true)"
+left="$left$(docker network ls --filter label=turnpike.egress.runner --format '{{.Name}}' | grep -E '^turnpike-dt' || true)"
+left="$left$(docker ps -a --filter label=turnpike.test --format '{{.Names}}')"
+left="$left$(docker network ls --filter label=turnpike.test --format '{{.Name}}')"
 if [ -n "$left" ]; then
   echo "containers or networks left behind by the tests:" >&2
   echo "$left" >&2

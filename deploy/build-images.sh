@@ -5,6 +5,8 @@
 #   turnpike-test-agent:latest   the scriptable test agent (the default agent_image), and /llm: a
 #                                stand-in model endpoint for tests (turnpike-test-llm)
 #   turnpike-agent-init:latest   the watchdog every runner puts in front of its agents (agent_init_image)
+#   turnpike-python-agent:latest the example LLM agent (deploy/images/python-agent), on a Debian
+#                                base built from Debian's packages (deploy/build-python-base.sh)
 # Usage: bash deploy/build-images.sh [--agent-only]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -55,6 +57,10 @@ cp "$agent_out/turnpike-test-llm" "$agent_out/llm"
 build turnpike-test-agent:latest deploy/images/test-agent.Dockerfile test-agent "$agent_out/agent" "$agent_out/llm"
 build turnpike-agent-init:latest deploy/images/agent-init.Dockerfile agent-init "$agent_out/turnpike-agent-init"
 [ "$agent_only" = --agent-only ] && exit 0
+
+bash deploy/build-python-base.sh
+build turnpike-python-agent:latest deploy/images/python-agent.Dockerfile python-agent \
+  deploy/images/python-agent/agent.py
 
 build turnpike:latest deploy/images/turnpike.Dockerfile turnpike "$out/turnpike"
 

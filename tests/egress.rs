@@ -4,12 +4,6 @@
 //! test agent image's `/llm`) listen; nothing leaves the machine.
 //! Needs the images: `bash deploy/build-images.sh` (tests/run.sh does it).
 
-use bollard::models::{ContainerCreateBody, EndpointSettings, HostConfig, NetworkCreateRequest};
-use bollard::query_parameters::{
-    CreateContainerOptionsBuilder, ListNetworksOptionsBuilder, RemoveContainerOptionsBuilder,
-};
-use bollard::Docker;
-use std::collections::HashMap;
 use std::time::Duration;
 use turnpike_config::ProfileSettings;
 use turnpike_core::record::TurnState;
@@ -18,146 +12,6 @@ use turnpike_testkit::NatsServer;
 use turnpike_tests::*;
 
 const T: Duration = Duration::from_secs(90);
-const LABEL: &str = "turnpike.test";
-
-async fn docker() -> Docker {
-    Docker::connect_with_local_defaults()
-        .expect("docker client")
-        .negotiate_version()
-        .await
-        .expect("the Docker Engine answers (these tests need it)")
-}
-
-/// The test's own network and the endpoints on it; removed on drop (also after a failure).
-struct Endpoints {
-    docker: Docker,
-    network: String,
-    containers: Vec<String>,
-}
-
-impl Endpoints {
-    /// A network `tp-egress-<tag>-<pid>` with a stand-in endpoint per name, each reachable
-    /// there by its name on port 8080.
-    async fn start(tag: &str, names: &[&str]) -> Endpoints {
-        let docker = docker().await;
-        let network = format!("tp-egress-{tag}-{}", std::process::id());
-        let labels = HashMap::from([(LABEL.to_owned(), "egress".to_owned())]);
-        let _ = docker.remove_network(&network).await;
-        docker
-            .create_network(NetworkCreateRequest {
-                name: network.clone(),
-                driver: Some("bridge".into()),
-                labels: Some(labels.clone()),
-                ..Default::default()
-            })
-            .await
-            .expect("create the test's network");
-        let mut me = Endpoints {
-            docker,
-            network,
-            containers: Vec::new(),
-        };
-        for name in names {
-            let container = format!("{}-{name}", me.network);
-            me.remove(&container).await;
-            me.containers.push(container.clone());
-            me.docker
-                .create_container(
-                    Some(
-                        CreateContainerOptionsBuilder::new()
-                            .name(&container)
-                            .build(),
-                    ),
-                    ContainerCreateBody {
-                        image: Some("turnpike-test-agent:latest".into()),
-                        entrypoint: Some(vec![
-                            "/llm".into(),
-                            "--port".into(),
-                            "8080".into(),
-                            "--name".into(),
-                            (*name).into(),
-                        ]),
-                        labels: Some(labels.clone()),
-                        host_config: Some(HostConfig {
-                            network_mode: Some(me.network.clone()),
-                            ..Default::default()
-                        }),
-                        networking_config: Some(bollard::models::NetworkingConfig {
-                            endpoints_config: Some(HashMap::from([(
-                                me.network.clone(),
-                                EndpointSettings {
-                                    aliases: Some(vec![(*name).into()]),
-                                    ..Default::default()
-                                },
-                            )])),
-                        }),
-                        ..Default::default()
-                    },
-                )
-                .await
-                .expect("create an endpoint");
-            me.docker
-                .start_container(&container, None)
-                .await
-                .expect("start an endpoint");
-        }
-        me
-    }
-
-    /// The address of endpoint `name` on the test's network.
-    async fn address(&self, name: &str) -> String {
-        let c = self
-            .docker
-            .inspect_container(&format!("{}-{name}", self.network), None)
-            .await
-            .expect("inspect");
-        c.network_settings
-            .and_then(|n| n.networks)
-            .and_then(|n| n.get(&self.network).cloned())
-            .and_then(|e| e.ip_address)
-            .filter(|ip| !ip.is_empty())
-            .expect("an address on the test's network")
-    }
-
-    async fn remove(&self, container: &str) {
-        let opts = RemoveContainerOptionsBuilder::new().force(true).build();
-        let _ = self.docker.remove_container(container, Some(opts)).await;
-    }
-}
-
-impl Drop for Endpoints {
-    fn drop(&mut self) {
-        // Drop cannot await: the CLI removes them, bounded, whatever the test's outcome.
-        for c in &self.containers {
-            let _ = std::process::Command::new("docker")
-                .args(["rm", "-f", c])
-                .output();
-        }
-        let _ = std::process::Command::new("docker")
-            .args(["network", "rm", &self.network])
-            .output();
-    }
-}
-
-/// What an attempt's egress left: proxies and networks labelled with the runner's id.
-async fn egress_left(runner_id: &str) -> Vec<String> {
-    let docker = docker().await;
-    let label = format!("turnpike.egress.runner={runner_id}");
-    let mut left: Vec<String> = containers_where(&docker, "label", &label)
-        .await
-        .into_iter()
-        .flat_map(|c| c.names.unwrap_or_default())
-        .collect();
-    let filters = HashMap::from([("label", vec![label])]);
-    let networks = docker
-        .list_networks(Some(
-            ListNetworksOptionsBuilder::new().filters(&filters).build(),
-        ))
-        .await
-        .expect("list networks");
-    left.extend(networks.into_iter().filter_map(|n| n.name));
-    left
-}
 
 /// An agent on an allowlist of `llm:8080`: the listed endpoint answers through the proxy (by
 /// a CONNECT tunnel and by a plain proxied request); the other host, and the listed host at
@@ -166,7 +20,7 @@ async fn egress_left(runner_id: &str) -> Vec<String> {
 /// probe works; the list is what stops it). Nothing of the attempt's egress is left after.
 #[tokio::test]
 async fn an_agent_reaches_its_list_through_the_proxy_and_nothing_else() {
-    let endpoints = Endpoints::start("list", &["llm", "other"]).await;
+    let endpoints = Endpoints::start("list", &["llm", "other"], &[]).await;
     let llm_ip = endpoints.address("llm").await;
     let server = NatsServer::start();
     let runner = "dt-egress";
@@ -245,7 +99,9 @@ async fn an_agent_reaches_its_list_through_the_proxy_and_nothing_else() {
     }
     assert_eq!(egress_left(runner).await, Vec::<String>::new());
     assert_eq!(
-        runner_containers(&docker().await, runner).await.len(),
+        runner_containers(&docker_client().await, runner)
+            .await
+            .len(),
         0,
         "agent containers left"
     );

@@ -514,3 +514,149 @@ pub fn docker_config(server: &NatsServer, runner_id: &str) -> Config {
         ..test_config(server, "unused")
     }
 }
+
+pub async fn docker_client() -> bollard::Docker {
+    bollard::Docker::connect_with_local_defaults()
+        .expect("docker client")
+        .negotiate_version()
+        .await
+        .expect("the Docker Engine answers (these tests need it)")
+}
+
+/// A network of a test's own and stand-in model endpoints on it (the test agent image's `/llm`,
+/// `turnpike-test-llm`); removed on drop (also after a failure).
+pub struct Endpoints {
+    docker: bollard::Docker,
+    pub network: String,
+    containers: Vec<String>,
+}
+
+impl Endpoints {
+    /// A network `tp-egress-<tag>-<pid>` with a stand-in endpoint per name, each reachable
+    /// there by its name on port 8080.
+    /// `args` go to every endpoint (e.g. `--key <key>`).
+    pub async fn start(tag: &str, names: &[&str], args: &[&str]) -> Endpoints {
+        let docker = docker_client().await;
+        let network = format!("tp-egress-{tag}-{}", std::process::id());
+        let labels =
+            std::collections::HashMap::from([("turnpike.test".to_owned(), "egress".to_owned())]);
+        let _ = docker.remove_network(&network).await;
+        docker
+            .create_network(bollard::models::NetworkCreateRequest {
+                name: network.clone(),
+                driver: Some("bridge".into()),
+                labels: Some(labels.clone()),
+                ..Default::default()
+            })
+            .await
+            .expect("create the test's network");
+        let mut me = Endpoints {
+            docker,
+            network,
+            containers: Vec::new(),
+        };
+        for name in names {
+            let container = format!("{}-{name}", me.network);
+            me.remove(&container).await;
+            me.containers.push(container.clone());
+            me.docker
+                .create_container(
+                    Some(
+                        bollard::query_parameters::CreateContainerOptionsBuilder::new()
+                            .name(&container)
+                            .build(),
+                    ),
+                    bollard::models::ContainerCreateBody {
+                        image: Some("turnpike-test-agent:latest".into()),
+                        entrypoint: Some(
+                            ["/llm", "--port", "8080", "--name", name]
+                                .iter()
+                                .chain(args)
+                                .map(|a| a.to_string())
+                                .collect(),
+                        ),
+                        labels: Some(labels.clone()),
+                        host_config: Some(bollard::models::HostConfig {
+                            network_mode: Some(me.network.clone()),
+                            ..Default::default()
+                        }),
+                        networking_config: Some(bollard::models::NetworkingConfig {
+                            endpoints_config: Some(std::collections::HashMap::from([(
+                                me.network.clone(),
+                                bollard::models::EndpointSettings {
+                                    aliases: Some(vec![(*name).into()]),
+                                    ..Default::default()
+                                },
+                            )])),
+                        }),
+                        ..Default::default()
+                    },
+                )
+                .await
+                .expect("create an endpoint");
+            me.docker
+                .start_container(&container, None)
+                .await
+                .expect("start an endpoint");
+        }
+        me
+    }
+
+    /// The address of endpoint `name` on the test's network.
+    pub async fn address(&self, name: &str) -> String {
+        let c = self
+            .docker
+            .inspect_container(&format!("{}-{name}", self.network), None)
+            .await
+            .expect("inspect");
+        c.network_settings
+            .and_then(|n| n.networks)
+            .and_then(|n| n.get(&self.network).cloned())
+            .and_then(|e| e.ip_address)
+            .filter(|ip| !ip.is_empty())
+            .expect("an address on the test's network")
+    }
+
+    async fn remove(&self, container: &str) {
+        let opts = bollard::query_parameters::RemoveContainerOptionsBuilder::new()
+            .force(true)
+            .build();
+        let _ = self.docker.remove_container(container, Some(opts)).await;
+    }
+}
+
+impl Drop for Endpoints {
+    fn drop(&mut self) {
+        // Drop cannot await: the CLI removes them, bounded, whatever the test's outcome.
+        for c in &self.containers {
+            let _ = std::process::Command::new("docker")
+                .args(["rm", "-f", c])
+                .output();
+        }
+        let _ = std::process::Command::new("docker")
+            .args(["network", "rm", &self.network])
+            .output();
+    }
+}
+
+/// What an attempt's egress left: proxies and networks labelled with the runner's id.
+pub async fn egress_left(runner_id: &str) -> Vec<String> {
+    let docker = docker_client().await;
+    let label = format!("turnpike.egress.runner={runner_id}");
+    let mut left: Vec<String> = containers_where(&docker, "label", &label)
+        .await
+        .into_iter()
+        .flat_map(|c| c.names.unwrap_or_default())
+        .collect();
+    let filters = std::collections::HashMap::from([("label", vec![label])]);
+    let networks = docker
+        .list_networks(Some(
+            bollard::query_parameters::ListNetworksOptionsBuilder::new()
+                .filters(&filters)
+                .build(),
+        ))
+        .await
+        .expect("list networks");
+    left.extend(networks.into_iter().filter_map(|n| n.name));
+    left
+}

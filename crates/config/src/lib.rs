@@ -144,8 +144,14 @@ pub struct Config {
     /// `openai_key:OPENAI_API_KEY`. Needs `secrets_dir`; an attempt whose secret is missing
     /// could not start.
     pub agent_secrets: String,
+    /// Variables every agent gets, e.g. `{ LLM_URL = "http://llm:8080/v1", LLM_MODEL = "small" }`
+    /// (in the environment: `TURNPIKE_AGENT_ENV='{LLM_URL="http://llm:8080/v1"}'`): how an
+    /// operator configures an agent without rebuilding its image. Names are upper case, not
+    /// `TURNPIKE_*` nor one the run sets; values are plain configuration, visible in
+    /// `turnpike runner container-spec` and to `docker inspect`: keys go in `agent_secrets`.
+    pub agent_env: std::collections::BTreeMap<String, String>,
     /// Named resource profiles, each a table of any of `memory_limit`, `cpus`, `pids_limit`,
-    /// `run_timeout`, `agent_image`, `agent_secrets`, `network_mode` and `egress_allow` (the rest: the settings
+    /// `run_timeout`, `agent_image`, `agent_secrets`, `agent_env`, `network_mode` and `egress_allow` (the rest: the settings
     /// above), e.g. `[profiles.big]` `memory_limit = "2GiB"`. Chats are moved between profiles
     /// at run time (`turnpike chats profile <chat> <profile>`); a turn's attempt runs with its
     /// chat's profile as it was when the attempt was dispatched. The retry budget is not a
@@ -331,6 +337,7 @@ impl Default for Config {
             stop_grace: Duration::from_secs(10),
             secrets_dir: None,
             agent_secrets: String::new(),
+            agent_env: Default::default(),
             profiles: Default::default(),
             default_profile: profiles::DEFAULT_PROFILE.into(),
             attachment_max_bytes: ByteSize(10 * 1024 * 1024),

@@ -37,6 +37,9 @@ pub struct ProfileSettings {
     pub network_mode: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub egress_allow: Option<String>,
+    /// Replaces the top-level `agent_env` as a whole.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent_env: Option<std::collections::BTreeMap<String, String>>,
 }
 
 /// A profile, every setting resolved.
@@ -52,6 +55,8 @@ pub struct Profile {
     pub network_mode: String,
     /// Where the agent may connect (empty: `network_mode` alone decides).
     pub egress_allow: crate::egress::Allowlist,
+    /// Variables the agent gets (configuration, not secrets).
+    pub agent_env: std::collections::BTreeMap<String, String>,
 }
 
 /// Is `name` a profile name (letters, digits, `_`, `-`, `.`, not starting with `.`; 1 to 64)?
@@ -97,6 +102,7 @@ impl Config {
                     .unwrap_or(&self.egress_allow),
             )
             .unwrap_or_default(),
+            agent_env: settings.agent_env.unwrap_or_else(|| self.agent_env.clone()),
         })
     }
 
@@ -131,6 +137,7 @@ impl Config {
                     .unwrap_or(self.agent_secrets.clone()),
                 network_mode: s.network_mode.clone().unwrap_or(self.network_mode.clone()),
                 egress_allow: s.egress_allow.clone().unwrap_or(self.egress_allow.clone()),
+                agent_env: s.agent_env.clone().unwrap_or(self.agent_env.clone()),
                 profiles: Default::default(),
                 default_profile: DEFAULT_PROFILE.into(),
                 ..self.clone()

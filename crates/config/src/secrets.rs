@@ -91,7 +91,7 @@ pub(crate) fn plain_name(kind: &str, name: &str, max: usize) -> Result<(), Strin
     }
 }
 
-fn check_env(env: &str) -> Result<(), String> {
+pub(crate) fn check_env(env: &str) -> Result<(), String> {
     let mut bytes = env.bytes();
     let ok = bytes
         .next()

@@ -457,3 +457,45 @@ fn egress_lists_are_checked_and_need_no_network_of_their_own() {
         Ok(())
     });
 }
+
+#[test]
+fn agent_variables_are_checked_and_replaced_per_profile() {
+    figment::Jail::expect_with(|jail| {
+        jail.set_env(
+            "TURNPIKE_AGENT_ENV",
+            r#"{LLM_URL="http://llm:8080/v1",LLM_MODEL="m"}"#,
+        );
+        jail.set_env(
+            "TURNPIKE_PROFILES",
+            r#"{other={agent_env={LLM_MODEL="big"}}}"#,
+        );
+        let c = Config::load(None).expect("loads");
+        let env = |p: Option<&str>| c.profile(p).expect("profile").agent_env;
+        assert_eq!(
+            env(None).get("LLM_URL").map(String::as_str),
+            Some("http://llm:8080/v1")
+        );
+        assert_eq!(
+            env(Some("other")).into_iter().collect::<Vec<_>>(),
+            [("LLM_MODEL".to_owned(), "big".to_owned())]
+        );
+        jail.set_env("TURNPIKE_PROFILES", "{}");
+        for (bad, why) in [
+            (r#"{TURNPIKE_TURN="x"}"#, "set by the run itself"),
+            (r#"{HTTPS_PROXY="x"}"#, "set by the run itself"),
+            (r#"{lower="x"}"#, "upper-case"),
+        ] {
+            jail.set_env("TURNPIKE_AGENT_ENV", bad);
+            let e = Config::load(None).expect_err(bad).to_string();
+            assert!(e.contains("agent_env") && e.contains(why), "{e}");
+        }
+        jail.set_env("TURNPIKE_AGENT_ENV", r#"{OPENAI_API_KEY="x"}"#);
+        jail.set_env("TURNPIKE_SECRETS_DIR", "/run/secrets");
+        jail.set_env("TURNPIKE_AGENT_SECRETS", "openai_key:OPENAI_API_KEY");
+        let e = Config::load(None)
+            .expect_err("a secret's variable")
+            .to_string();
+        assert!(e.contains("also a secret's variable"), "{e}");
+        Ok(())
+    });
+}

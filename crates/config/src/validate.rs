@@ -199,6 +199,28 @@ impl Config {
                 "set secrets_dir, the directory the secrets are read from",
             ));
         }
+        let secrets = self.agent_secrets()?;
+        for (name, value) in &self.agent_env {
+            crate::secrets::check_env(name)
+                .map_err(|why| invalid("agent_env", name.clone(), &why))?;
+            if secrets
+                .iter()
+                .any(|s| s.env.as_deref() == Some(name.as_str()))
+            {
+                return Err(invalid(
+                    "agent_env",
+                    name.clone(),
+                    "is also a secret's variable (agent_secrets)",
+                ));
+            }
+            if value.len() > 4096 || value.contains('\0') {
+                return Err(invalid(
+                    "agent_env",
+                    name.clone(),
+                    "a value is at most 4096 bytes, without NUL",
+                ));
+            }
+        }
         if self.runner_slots == 0 {
             return Err(invalid(
                 "runner_slots",

@@ -138,6 +138,7 @@ impl ProcessBackend {
             .env_clear()
             .env("PATH", std::env::var_os("PATH").unwrap_or_default())
             .env("HOME", dir.path())
+            .envs(&spec.profile.agent_env)
             .env("TURNPIKE_TURN", work.turn.as_str())
             .env("TURNPIKE_ATTEMPT", work.attempt.to_string())
             .env("TURNPIKE_DEADLINE", spec.deadline.to_string())

@@ -4,11 +4,13 @@
 //!
 //! - `GET /stats`: `{"completions": n, "last": <the last request's messages>}`.
 //! - any other `GET`: `hello from <name>` (a reachability probe).
-//! - `POST /v1/chat/completions`: answers the last user message with `<name> heard: <its first
+//! - `POST /v1/chat/completions`: answers the last user message with `<name> heard: <its last
 //!   line>`, as server-sent events when `"stream": true` (one event a word, then `[DONE]`), else
 //!   as one JSON document. With `--key`, only `Authorization: Bearer <key>` is answered (401
 //!   otherwise). A prompt containing `llm-hang` gets its headers and then nothing; `llm-drop`
-//!   one event, then the connection is closed; `llm-die` one event, then the server exits.
+//!   one event, then the connection is closed; `llm-die` one event, then the server exits;
+//!   `llm-bloat`, unless the prompt also holds a retry note (`<system-note>`), one event of
+//!   100 MiB on a single line (a client reading lines runs out of memory at a small limit).
 //!
 //! Usage: `turnpike-test-llm [--port 8080] [--name llm] [--key KEY]`.
 
@@ -145,13 +147,13 @@ fn complete(server: &Server, out: &mut TcpStream, request: &Value) {
         .and_then(|m| m["content"].as_str())
         .unwrap_or("")
         .to_owned();
-    let first = prompt
+    let last = prompt
         .lines()
         .rev()
         .find(|l| !l.trim().is_empty())
         .unwrap_or("")
         .trim();
-    let reply = format!("{} heard: {first}", server.name);
+    let reply = format!("{} heard: {last}", server.name);
     if request["stream"] != json!(true) {
         let body = json!({
             "object": "chat.completion",
@@ -162,6 +164,14 @@ fn complete(server: &Server, out: &mut TcpStream, request: &Value) {
     }
     let head = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\nConnection: close\r\n\r\n";
     if out.write_all(head.as_bytes()).is_err() {
+        return;
+    }
+    if prompt.contains("llm-bloat") && !prompt.contains("<system-note>") {
+        let event = format!(
+            "data: {{\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"{}\"}}}}]}}\n\n",
+            "x".repeat(100 << 20)
+        );
+        let _ = out.write_all(event.as_bytes());
         return;
     }
     if prompt.contains("llm-hang") {

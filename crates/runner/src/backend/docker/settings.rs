@@ -147,11 +147,18 @@ impl ContainerSettings {
 /// only: the init sets the variables from the files, so no value is in the container's
 /// configuration).
 fn env(work: &WorkItem, profile: &Profile, deadline: turnpike_core::Timestamp) -> Vec<String> {
-    let mut env = vec![
+    // The operator's configuration first: the run's own variables are named apart (checked at
+    // load), and come last.
+    let mut env: Vec<String> = profile
+        .agent_env
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect();
+    env.extend([
         format!("TURNPIKE_TURN={}", work.turn),
         format!("TURNPIKE_ATTEMPT={}", work.attempt),
         format!("TURNPIKE_DEADLINE={deadline}"),
-    ];
+    ]);
     if !profile.agent_secrets.is_empty() {
         env.push(format!("TURNPIKE_SECRETS={SECRETS_DIR}"));
         let vars = profile

@@ -495,7 +495,9 @@ async fn backend_and_spec(
     let chat = turnpike_core::ChatId::new(chat).expect("chat id");
     let message = turnpike_core::wire::InboundMessage::new(chat.clone(), "m", text, None);
     let spec = turnpike_runner::backend::RunSpec {
+        workspace: None,
         work: turnpike_core::wire::WorkItem {
+            workspace: None,
             v: turnpike_core::FORMAT_VERSION,
             turn: message.turn(),
             chat,

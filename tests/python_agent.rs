@@ -23,6 +23,7 @@ struct Stack {
     _server: NatsServer,
     roles: Vec<Role>,
     bus: Bus,
+    config: Config,
 }
 
 impl Stack {
@@ -55,7 +56,20 @@ impl Stack {
             _server: server,
             roles,
             bus,
+            config,
         }
+    }
+
+    /// Stop the runner and start another (its own id) in its place.
+    async fn another_runner(&mut self, id: &str) {
+        if let Some(old) = self.roles.pop() {
+            old.stop().await;
+        }
+        let config = Config {
+            runner_id: Some(id.into()),
+            ..self.config.clone()
+        };
+        self.roles.push(start_runner(&config).await);
     }
 
     /// What the endpoint says it was asked (`GET /stats`), from the host (the test's network is
@@ -177,5 +191,38 @@ async fn a_silent_endpoint_gets_a_summary_before_the_deadline() {
     assert_eq!(record.attempts.len(), 1, "{record:?}");
     let replies = visible_items(&stack.bus, chat).await;
     assert_eq!(replies[0].text, "I ran out of time before finishing.");
+    stack.stop().await;
+}
+
+/// The agent keeps notes in its chat's workspace: what it wrote in turn 1 is shown to the model
+/// in turn 2, which another runner runs.
+#[tokio::test]
+async fn the_example_agent_reads_its_notes_from_an_earlier_turn_on_another_runner() {
+    let mut stack = Stack::start("notes", |c| {
+        c.workspace_max_bytes = ByteSize(1 << 20);
+    })
+    .await;
+    let chat = "dt-py-notes";
+    let turn = send(&stack.bus, chat, "py-notes-1", "remember apples").await;
+    let record = wait_ended(&stack.bus, &turn, T).await;
+    assert_eq!(record.state, TurnState::Done, "{record:?}");
+    stack.another_runner("dt-py-notes-2").await;
+    let turn = send(&stack.bus, chat, "py-notes-2", "what did I say?").await;
+    let record = wait_ended(&stack.bus, &turn, T).await;
+    assert_eq!(record.state, TurnState::Done, "{record:?}");
+    assert_eq!(
+        record.attempts[0].runner.as_ref().map(|r| r.as_str()),
+        Some("dt-py-notes-2")
+    );
+    let stats = stack.stats().await;
+    let system = stats["last"][0]["content"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    assert!(
+        system.contains("Your notes from earlier turns")
+            && system.contains("asked 'remember apples'"),
+        "{system}"
+    );
     stack.stop().await;
 }

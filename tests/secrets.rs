@@ -167,6 +167,7 @@ async fn no_secret_value_leaves_the_agent() {
     let chat = turnpike_core::ChatId::new("sec-9").expect("chat");
     let message = turnpike_core::wire::InboundMessage::new(chat.clone(), "m-1", "hi", None);
     let work = turnpike_core::wire::WorkItem {
+        workspace: None,
         v: turnpike_core::FORMAT_VERSION,
         turn: message.turn(),
         chat,

@@ -67,6 +67,7 @@ async fn replaying_an_outbox_after_a_crash_sends_one_notice_and_one_attempt() {
     let exit = Event::Exited {
         attempt: 1,
         report: turnpike_core::wire::ExitReport {
+            workspace: None,
             class: ExitClass::Crashed,
             exit_code: Some(1),
             signal: None,
@@ -169,6 +170,7 @@ async fn an_event_from_a_runner_that_does_not_hold_the_claim_is_refused() {
         at: turnpike_jetstream::now(),
         kind: RunnerEventKind::Exited {
             report: ExitReport {
+                workspace: None,
                 class: ExitClass::Clean,
                 exit_code: Some(0),
                 signal: None,

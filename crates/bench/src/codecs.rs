@@ -11,6 +11,7 @@ pub(crate) fn codecs(out: &mut String) -> Result<()> {
         })
         .collect();
     let work = WorkItem {
+        workspace: None,
         v: FORMAT_VERSION,
         turn: TurnId::for_message(&chat, "m"),
         chat: chat.clone(),

@@ -42,6 +42,7 @@ where
 /// The record of a chat with no turns, flagged errored: its turn gave up.
 pub(crate) fn errored_chat(chat: &ChatId) -> ChatRecord {
     ChatRecord {
+        workspace: None,
         v: FORMAT_VERSION,
         chat: chat.clone(),
         live: None,

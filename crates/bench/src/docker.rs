@@ -264,6 +264,7 @@ pub async fn docker_overhead(out: &mut String) -> Result<()> {
         // The same image and input document, by hand.
         let deadline = turnpike_jetstream::now().saturating_add(stack.config.run_timeout);
         let work = turnpike_core::wire::WorkItem {
+            workspace: None,
             v: 1,
             turn: turn.clone(),
             chat: chat.clone(),

@@ -73,6 +73,20 @@ pub enum ChatsCmd {
         #[arg(long, default_value_t = default_operator())]
         by: String,
     },
+    /// A chat's workspace: which version it has; `--download FILE` writes it as a tar file
+    /// (`-`: stdout; `--previous`: the version before), `--reset` forgets it (the chat's next
+    /// turn starts empty) and deletes its versions.
+    Workspace {
+        chat: String,
+        #[arg(long, conflicts_with = "reset")]
+        download: Option<std::path::PathBuf>,
+        #[arg(long, requires = "download")]
+        previous: bool,
+        #[arg(long)]
+        reset: bool,
+        #[arg(long, default_value_t = default_operator())]
+        by: String,
+    },
 }
 
 /// Which part of a long list to show.
@@ -471,6 +485,57 @@ pub async fn chats_cmd(
                         println!("{chat}: profile {name}{how} (not defined in this configuration)")
                     }
                 }
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        ChatsCmd::Workspace {
+            chat,
+            download,
+            previous,
+            reset,
+            by,
+        } => {
+            let chat = ChatId::new(chat).context("chat id")?;
+            if reset {
+                let req = OpsRequest::chat(by, chat);
+                return action(bus, subjects::OPS_WORKSPACE_RESET, &req, json).await;
+            }
+            let ws = turnpike_store::workspaces::of_chat(bus, &chat).await?;
+            let Some(to) = download else {
+                if json {
+                    print_json(&serde_json::json!({ "chat": chat, "workspace": ws }))?;
+                } else {
+                    match &ws {
+                        Some(w) => println!(
+                            "{chat}: workspace {} (previous: {})",
+                            w.current,
+                            w.previous.as_deref().unwrap_or("none")
+                        ),
+                        None => println!("{chat}: no workspace saved"),
+                    }
+                }
+                return Ok(ExitCode::SUCCESS);
+            };
+            let object = ws.and_then(|w| {
+                if previous {
+                    w.previous
+                } else {
+                    Some(w.current)
+                }
+            });
+            let Some(object) = object else {
+                anyhow::bail!("chat {chat} has no such workspace version");
+            };
+            let bytes =
+                turnpike_store::workspaces::get(bus, &object, config.workspaces_store_max_bytes.0)
+                    .await?
+                    .with_context(|| format!("workspace {object} is gone (expired)"))?;
+            if to.as_os_str() == "-" {
+                use std::io::Write;
+                std::io::stdout().write_all(&bytes)?;
+            } else {
+                std::fs::write(&to, &bytes).with_context(|| format!("write {}", to.display()))?;
+                eprintln!("{object}: {} bytes to {}", bytes.len(), to.display());
             }
             Ok(ExitCode::SUCCESS)
         }

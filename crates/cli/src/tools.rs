@@ -18,6 +18,7 @@ pub fn container_spec(config: &Config, profile: Option<&str>) -> Result<ExitCode
     let chat = turnpike_core::ChatId::new("example-chat")?;
     let message = turnpike_core::wire::InboundMessage::new(chat.clone(), "example", "", None);
     let work = turnpike_core::wire::WorkItem {
+        workspace: None,
         v: turnpike_core::FORMAT_VERSION,
         turn: message.turn(),
         chat,

@@ -127,6 +127,17 @@ pub struct Config {
     /// matched as written, never by the address they resolve to. Needs `network_mode = "none"`.
     /// The process backend sets the same proxy variables but cannot stop a direct connection.
     pub egress_allow: String,
+    /// Size of each chat's workspace (0: none): a directory the agent finds at
+    /// `$TURNPIKE_WORKSPACE` that persists between the chat's turns, on any runner. It is
+    /// restored into every attempt and saved only when an attempt ends its turn cleanly while
+    /// it holds the turn's fence; a killed, dead or superseded attempt's writes are discarded,
+    /// so a retry starts from the workspace its first attempt saw. A workspace over this size
+    /// at the end of a run is not saved. Kept in JetStream's object store
+    /// (`turnpike_workspaces`): the current version and the one before; a workspace not saved
+    /// for `retention_chat` expires.
+    pub workspace_max_bytes: ByteSize,
+    /// Bytes the workspace store may hold (per replica), every chat's together.
+    pub workspaces_store_max_bytes: ByteSize,
     /// Image of the egress proxy (docker backend; runs `egress-proxy` with the attempt's list).
     pub egress_proxy_image: String,
     /// The Docker network the egress proxy reaches the allowed destinations through (`bridge`,
@@ -151,7 +162,7 @@ pub struct Config {
     /// `turnpike runner container-spec` and to `docker inspect`: keys go in `agent_secrets`.
     pub agent_env: std::collections::BTreeMap<String, String>,
     /// Named resource profiles, each a table of any of `memory_limit`, `cpus`, `pids_limit`,
-    /// `run_timeout`, `agent_image`, `agent_secrets`, `agent_env`, `network_mode` and `egress_allow` (the rest: the settings
+    /// `run_timeout`, `agent_image`, `agent_secrets`, `agent_env`, `network_mode`, `egress_allow` and `workspace_max_bytes` (the rest: the settings
     /// above), e.g. `[profiles.big]` `memory_limit = "2GiB"`. Chats are moved between profiles
     /// at run time (`turnpike chats profile <chat> <profile>`); a turn's attempt runs with its
     /// chat's profile as it was when the attempt was dispatched. The retry budget is not a
@@ -331,6 +342,8 @@ impl Default for Config {
             cpus: 1.0,
             network_mode: "none".into(),
             egress_allow: String::new(),
+            workspace_max_bytes: ByteSize(0),
+            workspaces_store_max_bytes: ByteSize(1024 * 1024 * 1024),
             egress_proxy_image: "turnpike:latest".into(),
             egress_network: "bridge".into(),
             agent_user: "65534:65534".into(),

@@ -37,6 +37,8 @@ pub struct ProfileSettings {
     pub network_mode: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub egress_allow: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workspace_max_bytes: Option<ByteSize>,
     /// Replaces the top-level `agent_env` as a whole.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub agent_env: Option<std::collections::BTreeMap<String, String>>,
@@ -57,6 +59,8 @@ pub struct Profile {
     pub egress_allow: crate::egress::Allowlist,
     /// Variables the agent gets (configuration, not secrets).
     pub agent_env: std::collections::BTreeMap<String, String>,
+    /// The chat's workspace size (0: no workspace).
+    pub workspace_max_bytes: ByteSize,
 }
 
 /// Is `name` a profile name (letters, digits, `_`, `-`, `.`, not starting with `.`; 1 to 64)?
@@ -103,7 +107,18 @@ impl Config {
             )
             .unwrap_or_default(),
             agent_env: settings.agent_env.unwrap_or_else(|| self.agent_env.clone()),
+            workspace_max_bytes: settings
+                .workspace_max_bytes
+                .unwrap_or(self.workspace_max_bytes),
         })
+    }
+
+    /// Does any profile give chats a workspace?
+    pub fn workspaces(&self) -> bool {
+        self.profile_names()
+            .iter()
+            .filter_map(|p| self.profile(Some(p)))
+            .any(|p| p.workspace_max_bytes.0 > 0)
     }
 
     /// The names of the profiles this configuration defines, `default` among them.
@@ -138,6 +153,7 @@ impl Config {
                 network_mode: s.network_mode.clone().unwrap_or(self.network_mode.clone()),
                 egress_allow: s.egress_allow.clone().unwrap_or(self.egress_allow.clone()),
                 agent_env: s.agent_env.clone().unwrap_or(self.agent_env.clone()),
+                workspace_max_bytes: s.workspace_max_bytes.unwrap_or(self.workspace_max_bytes),
                 profiles: Default::default(),
                 default_profile: DEFAULT_PROFILE.into(),
                 ..self.clone()

@@ -144,6 +144,13 @@ impl Config {
                 "must hold at least one message's attachments (attachments_max_total_bytes)",
             ));
         }
+        if self.workspace_max_bytes.0 > self.workspaces_store_max_bytes.0 {
+            return Err(invalid(
+                "workspace_max_bytes",
+                self.workspace_max_bytes.to_string(),
+                "a workspace must fit the workspace store (workspaces_store_max_bytes)",
+            ));
+        }
         if self.attachments_max > 256 {
             return Err(invalid(
                 "attachments_max",

@@ -68,6 +68,7 @@ pub async fn serve(
         subjects::OPS_KILL,
         subjects::OPS_CLEAR,
         subjects::OPS_PROFILE,
+        subjects::OPS_WORKSPACE_RESET,
         subjects::OPS_RERUN,
         subjects::OPS_STATS,
         subjects::OPS_STATUS,
@@ -179,12 +180,35 @@ async fn handle(
         (subjects::OPS_PROFILE, _, None) => {
             Ok(reply(false, "a profile move needs a chat", None, None))
         }
+        (subjects::OPS_WORKSPACE_RESET, _, Some(chat)) => reset_workspace(bus, chat, &action).await,
+        (subjects::OPS_WORKSPACE_RESET, _, None) => {
+            Ok(reply(false, "a workspace reset needs a chat", None, None))
+        }
         _ => Ok(reply(false, "this request needs a turn", None, None)),
     };
     result.unwrap_or_else(|e| match e {
         ApplyError::UnknownTurn(t) => reply(false, format!("no turn {t}"), Some(&t), None),
         e => reply(false, e.to_string(), r.turn.as_ref(), None),
     })
+}
+
+/// Forget `chat`'s workspace and delete its versions.
+async fn reset_workspace(
+    bus: &Bus,
+    chat: &turnpike_core::ChatId,
+    action: &OperatorAction,
+) -> Result<OpsReply, ApplyError> {
+    let removed = turnpike_store::workspaces::reset(bus, chat).await?;
+    info!(chat_id = %chat, by = %action.by, versions = removed.len(), "chat workspace reset");
+    Ok(reply(
+        true,
+        format!(
+            "chat {chat}'s workspace reset ({} version(s) deleted): its next turn starts empty",
+            removed.len()
+        ),
+        None,
+        None,
+    ))
 }
 
 /// Move `chat` to `profile` (none: back to the default): its attempts dispatched from now on

@@ -14,6 +14,7 @@ use crate::FORMAT_VERSION;
 /// The record of a chat that has none yet.
 pub fn empty(chat: &ChatId) -> ChatRecord {
     ChatRecord {
+        workspace: None,
         v: FORMAT_VERSION,
         chat: chat.clone(),
         live: None,

@@ -373,6 +373,7 @@ impl TurnRecord {
             message: self.message.clone(),
             history: self.history.clone(),
             profile: None,
+            workspace: None,
         }
     }
 }
@@ -416,6 +417,15 @@ pub enum Effect {
     CancelAttempt {
         /// The attempt that must never run.
         attempt: u32,
+    },
+    /// The attempt that ended the turn cleanly left `object`: make it the chat's workspace (the
+    /// one it replaces becomes the previous). Only ever owed for the turn's current attempt, by
+    /// the exit that ended the turn: a superseded, killed or dead attempt never saves.
+    SaveWorkspace {
+        /// The attempt that left it.
+        attempt: u32,
+        /// Its object in `turnpike_workspaces`.
+        object: String,
     },
     /// The turn reached a terminal state: drop it from the live index, let the chat's next turn go.
     Ended {

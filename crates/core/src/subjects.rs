@@ -46,6 +46,8 @@ pub const BUCKET_RUNNERS: &str = "turnpike_runners";
 pub const BUCKET_SESSIONS: &str = "turnpike_sessions";
 /// Attachments, `<chat>/<message>/<file>`.
 pub const OBJECTS_ATTACHMENTS: &str = "turnpike_attachments";
+/// Chat workspaces, `<chat>/<turn>/<attempt>` (the attempt that saved it).
+pub const OBJECTS_WORKSPACES: &str = "turnpike_workspaces";
 
 // Wildcards for stream subjects and consumer filters.
 /// Every chat's inbound messages.
@@ -84,6 +86,8 @@ pub const OPS_KILL: &str = "turnpike.ops.kill";
 pub const OPS_CLEAR: &str = "turnpike.ops.clear";
 /// Move a chat to another resource profile.
 pub const OPS_PROFILE: &str = "turnpike.ops.profile";
+/// Forget a chat's workspace (its next turn starts empty) and delete its versions.
+pub const OPS_WORKSPACE_RESET: &str = "turnpike.ops.workspace-reset";
 /// Re-run an ended turn.
 pub const OPS_RERUN: &str = "turnpike.ops.rerun";
 /// A coordinator's counters.

@@ -181,6 +181,7 @@ fn event(s: &Step_, p: &[char], record: &turnpike_core::TurnRecord) -> Event {
         Step_::Exit(a, class, landed, error, cut) => Event::Exited {
             attempt: current(*a),
             report: ExitReport {
+                workspace: None,
                 class: *class,
                 exit_code: Some(i64::MIN),
                 signal: Some(i32::MIN),
@@ -405,6 +406,7 @@ fn the_fixed_parts_hold_their_worst_case() {
     // Every attempt dies with the largest error; the last one is killed, then abandoned.
     for k in 1..=100 {
         let report = ExitReport {
+            workspace: None,
             class: ExitClass::OomKilled,
             exit_code: Some(i64::MIN),
             signal: Some(i32::MIN),

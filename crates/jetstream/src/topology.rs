@@ -18,6 +18,9 @@ enum Retention {
     DeadLetters,
     Turns,
     Attachments,
+    /// A chat's workspaces: kept as long as an idle chat's record, bounded by
+    /// `workspaces_store_max_bytes`.
+    Workspaces,
     /// No age limit on the stream: each key's writer gives it a TTL once nothing waits on it
     /// (an ended turn's record, an idle chat's, an ended turn's place in the live index), so
     /// what is still waiting never expires, however long it waits.
@@ -27,7 +30,7 @@ enum Retention {
 impl Retention {
     fn max_age(self, c: &Config) -> Duration {
         match self {
-            Retention::Chat => c.retention_chat,
+            Retention::Chat | Retention::Workspaces => c.retention_chat,
             Retention::Work | Retention::Turns => c.retention_turns,
             Retention::Events => c.retention_events,
             Retention::DeadLetters => c.retention_dead_letters,
@@ -84,7 +87,7 @@ macro_rules! consumer_file {
 
 /// Every stream of the topology (the KV buckets' and the object store's included), as defined in
 /// `nats/streams/`, with how its retention is set from the configuration.
-pub const STREAM_FILES: [StreamFile; 14] = [
+pub const STREAM_FILES: [StreamFile; 15] = [
     stream_file!("TURNPIKE_CHAT_IN", Retention::Chat),
     stream_file!("TURNPIKE_CHAT_OUT", Retention::Chat),
     stream_file!("TURNPIKE_WORK", Retention::Work),
@@ -99,6 +102,7 @@ pub const STREAM_FILES: [StreamFile; 14] = [
     stream_file!("KV_turnpike_sessions", Retention::PerKey),
     stream_file!("KV_turnpike_profiles", Retention::PerKey),
     stream_file!("OBJ_turnpike_attachments", Retention::Attachments),
+    stream_file!("OBJ_turnpike_workspaces", Retention::Workspaces),
 ];
 
 /// Every durable consumer, as defined in `nats/consumers/`.
@@ -121,9 +125,13 @@ pub fn stream_configs(config: &Config) -> Result<Vec<stream::Config>, BusError> 
                 })?;
             s.num_replicas = config.replicas;
             s.max_age = f.retention.max_age(config);
-            if let Retention::Attachments = f.retention {
-                s.max_bytes =
-                    i64::try_from(config.attachments_store_max_bytes.0).unwrap_or(i64::MAX);
+            let max_bytes = match f.retention {
+                Retention::Attachments => Some(config.attachments_store_max_bytes),
+                Retention::Workspaces => Some(config.workspaces_store_max_bytes),
+                _ => None,
+            };
+            if let Some(max) = max_bytes {
+                s.max_bytes = i64::try_from(max.0).unwrap_or(i64::MAX);
             }
             // The duplicate window may not exceed max_age.
             s.duplicate_window = if s.max_age.is_zero() {
@@ -164,10 +172,15 @@ pub async fn ensure(js: &Context, config: &Config) -> Result<(), BusError> {
             // (by default ¾ of the disk's free space) cannot hold: say which setting to change.
             let full = e.to_string().contains("10047");
             if full && reserves > 0 {
+                let setting = if name.contains("workspaces") {
+                    "workspaces_store_max_bytes"
+                } else {
+                    "attachments_store_max_bytes"
+                };
                 BusError::topology(
                     format!("stream {name}"),
                     format!(
-                        "{e} — the server cannot reserve its {} (attachments_store_max_bytes): \
+                        "{e} — the server cannot reserve its {} ({setting}): \
                          lower that setting, or give the server more storage (free disk, or \
                          jetstream max_file_store)",
                         turnpike_config::ByteSize(u64::try_from(reserves).unwrap_or(0))

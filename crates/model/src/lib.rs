@@ -69,6 +69,9 @@ pub struct Bugs {
     /// and drops the delivery (issue 32: async-nats reads its own write back as "already
     /// exists").
     pub lost_claim_ack_is_anothers: bool,
+    /// The outbox makes a clean exit's workspace the chat's without checking that its attempt
+    /// still holds the fence.
+    pub save_without_fence: bool,
 }
 
 /// One deployment to check.

@@ -295,6 +295,10 @@ fn report(class: ExitClass, landed: u32) -> ExitReport {
     let mut r = ExitReport::without_output(class, "model", NOW);
     r.error = None;
     r.messages_landed = landed;
+    // Every clean run leaves a workspace; whether it becomes the chat's is the protocol's call.
+    if class == ExitClass::Clean {
+        r.workspace = Some("ws".into());
+    }
     r
 }
 

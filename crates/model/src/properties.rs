@@ -17,6 +17,8 @@ pub const OUTCOME_MATCHES_OUTPUT: &str = "the outcome says whether a bot message
 pub const ATTEMPT_BUDGET: &str = "attempts within the budget, each started at most once";
 pub const CHAT_ORDER: &str = "a chat's turns start in arrival order, each after the previous ended";
 pub const NO_WALKING_AWAY: &str = "a runner never drops an attempt whose claim it just wrote";
+pub const NO_STRAY_SAVE: &str =
+    "a workspace is saved only by a clean end's attempt that holds the fence, never a superseded one";
 
 pub fn all() -> Vec<Property<Protocol>> {
     vec![
@@ -49,9 +51,15 @@ pub fn all() -> Vec<Property<Protocol>> {
         Property::always(NO_WALKING_AWAY, |_: &Protocol, w: &World| {
             !w.ghost.walked_away
         }),
+        Property::always(NO_STRAY_SAVE, |_: &Protocol, w: &World| {
+            w.ghost.bad_save.is_none()
+        }),
         // Not vacuous:
         Property::sometimes("a retry's agent starts", |_: &Protocol, w: &World| {
             w.ghost.starts.keys().any(|(_, k)| *k > 1)
+        }),
+        Property::sometimes("a workspace is saved", |_: &Protocol, w: &World| {
+            !w.ghost.saved.is_empty()
         }),
         Property::sometimes("a reply lands", |_: &Protocol, w: &World| {
             w.out.iter().any(|o| matches!(o, Out::Message { .. }))

@@ -303,6 +303,10 @@ pub struct Ghost {
     pub walked_away: bool,
     /// A turn was admitted while an earlier turn of its chat had not ended.
     pub out_of_order: bool,
+    /// Attempts whose workspace became the chat's.
+    pub saved: BTreeSet<(Turn, Attempt)>,
+    /// A workspace was saved where it must not have been; says why.
+    pub bad_save: Option<&'static str>,
     /// Faults still allowed on this path.
     pub faults_left: u8,
     /// Early timers still allowed on this path.

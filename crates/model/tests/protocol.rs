@@ -32,7 +32,7 @@ fn stuck(m: &Protocol) -> Option<usize> {
     liveness::check(m).stuck.map(|p| p.len())
 }
 
-const SAFETY: [&str; 9] = [
+const SAFETY: [&str; 10] = [
     ONE_LIVE_AGENT,
     NO_STRAY_OUTPUT,
     NO_RETRY_AFTER_REPLY,
@@ -42,6 +42,7 @@ const SAFETY: [&str; 9] = [
     ATTEMPT_BUDGET,
     CHAT_ORDER,
     NO_WALKING_AWAY,
+    NO_STRAY_SAVE,
 ];
 
 /// Holds everything, and reaches the `expect`ed examples (so it is not vacuous).
@@ -125,6 +126,7 @@ fn one_turn_with_one_fault_anywhere() {
             &[
                 "an attempt is declared lost",
                 "a claim's acknowledgement is lost",
+                "a workspace is saved",
             ],
         ]
         .concat(),
@@ -229,6 +231,17 @@ fn two_turns_of_one_chat_keep_their_order() {
 
 fn bug(f: impl FnOnce(&mut Bugs)) -> impl FnOnce(&mut Protocol) {
     |p: &mut Protocol| f(&mut p.bugs)
+}
+
+/// Issue 37's save step: a clean end's workspace becomes the chat's, and one whose attempt was
+/// declared lost or killed (the fence moved) is discarded even when its clean exit is the one
+/// the record took.
+#[test]
+fn a_save_that_does_not_check_the_fence_saves_a_superseded_attempt() {
+    caught(
+        one_turn_one_fault().with(bug(|b| b.save_without_fence = true)),
+        Some(NO_STRAY_SAVE),
+    );
 }
 
 #[test]

@@ -190,7 +190,42 @@ impl Attempt {
         let secrets = self.secrets(profile).await?;
         // Kept until the run is over: the backend reads the files from it.
         let spool = self.attachments().await?;
-        Ok(self.run(fence_seq, &spool, profile, secrets).await)
+        let workspace = self.workspace(profile).await?;
+        Ok(self
+            .run(fence_seq, &spool, profile, secrets, workspace)
+            .await)
+    }
+
+    /// The chat's workspace, restored into a directory of the attempt's, when its profile gives
+    /// one. A store that does not answer is tried again, as the fence is.
+    async fn workspace(
+        &self,
+        profile: &turnpike_config::Profile,
+    ) -> Result<Option<crate::workspace::Workspace>, Ended> {
+        let max = profile.workspace_max_bytes.0;
+        if max == 0 {
+            return Ok(None);
+        }
+        let (ctx, work) = (&self.ctx, &self.work);
+        patiently(
+            &self.stop_rx,
+            ctx.config.run_timeout,
+            || {
+                crate::workspace::Workspace::restore(
+                    &ctx.bus,
+                    ctx.config.scratch_dir.as_deref(),
+                    work,
+                    max,
+                )
+            },
+            turnpike_jetstream::BusError::is_transient,
+        )
+        .await
+        .map(Some)
+        .map_err(|gave_up| {
+            warn!(error = %gave_up.error, stopped = ?gave_up.stopped, "the chat's workspace cannot be restored; the attempt dies and may be retried");
+            gave_up.report("workspace unavailable")
+        })
     }
 
     /// Read the agent's secrets now (a rotated file counts from the next attempt on). One that
@@ -292,6 +327,7 @@ impl Attempt {
         spool: &crate::attachments::Spool,
         profile: &turnpike_config::Profile,
         secrets: crate::secrets::Secrets,
+        workspace: Option<crate::workspace::Workspace>,
     ) -> Run {
         let (ctx, work) = (&self.ctx, &self.work);
         // The time limit's clock starts here (`Causes::watch` below): the deadline is no later
@@ -303,6 +339,7 @@ impl Attempt {
             profile: profile.clone(),
             deadline,
             secrets: secrets.clone(),
+            workspace: workspace.as_ref().map(|w| w.path().to_path_buf()),
             stop_grace: ctx.config.stop_grace,
             watchdog: self.watchdog.clone(),
         };
@@ -352,6 +389,7 @@ impl Attempt {
             raw,
             landing,
             started_at,
+            workspace,
         }
     }
 
@@ -361,6 +399,7 @@ impl Attempt {
             raw,
             landing,
             started_at,
+            workspace,
         } = run;
         let class = classify(&raw, landing.verdict, landing.any_output);
         // Record who stopped the run, when the runner did.
@@ -375,6 +414,7 @@ impl Attempt {
             .or(landing.verdict_error.clone());
         info!(?class, exit_code = ?raw.exit_code, signal = ?raw.signal, landed = landing.landed.count, cut = landing.cut, "attempt ended");
         let mut report = ExitReport {
+            workspace: None,
             class,
             exit_code: raw.exit_code,
             signal: raw.signal,
@@ -386,6 +426,11 @@ impl Attempt {
             started: Some(self.start(started_at)),
         }
         .bounded();
+        // A clean exit's workspace is stored as this attempt's; whether it becomes the chat's
+        // is the coordinator's call (this exit must end the turn, holding the fence).
+        if let (turnpike_core::wire::ExitClass::Clean, Some(ws)) = (class, &workspace) {
+            report.workspace = ws.store(&self.ctx.bus, &self.work).await;
+        }
         if landing.uncertain {
             crate::claim::settle_uncertain(&self.ctx, &self.work, &mut report).await?;
         }
@@ -417,4 +462,6 @@ struct Run {
     raw: turnpike_core::exit::RawExit,
     landing: crate::land::Landing,
     started_at: Option<Timestamp>,
+    /// The attempt's copy of the chat's workspace, if its profile gives one.
+    workspace: Option<crate::workspace::Workspace>,
 }

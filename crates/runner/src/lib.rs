@@ -18,6 +18,7 @@ mod retries;
 mod scratch;
 pub mod secrets;
 mod stop;
+mod workspace;
 
 use async_nats::jetstream::consumer::PullConsumer;
 use backend::{Backend, DockerBackend, ProcessBackend};

@@ -26,6 +26,9 @@ pub struct Bus {
     pub(crate) live: kv::Store,
     pub(crate) runners: kv::Store,
     pub(crate) attachments: object_store::ObjectStore,
+    pub(crate) workspaces: object_store::ObjectStore,
+    /// Does any profile give chats a workspace (so a dispatch says which one to restore)?
+    pub(crate) workspaces_used: bool,
     /// History kept per chat (`history_limit`, `history_max_bytes`).
     pub(crate) history: turnpike_core::history::Budget,
     /// Turns a chat may have waiting (`chat_queue_max`).
@@ -102,6 +105,11 @@ impl Bus {
                 .get_object_store(subjects::OBJECTS_ATTACHMENTS)
                 .await
                 .map_err(|e| BusError::bucket(subjects::OBJECTS_ATTACHMENTS, e))?,
+            workspaces: js
+                .get_object_store(subjects::OBJECTS_WORKSPACES)
+                .await
+                .map_err(|e| BusError::bucket(subjects::OBJECTS_WORKSPACES, e))?,
+            workspaces_used: config.workspaces(),
             history: turnpike_core::history::Budget {
                 entries: config.history_limit,
                 bytes: config.history_max_bytes.0 as usize,

@@ -32,5 +32,6 @@ pub mod sessions;
 pub mod turns;
 pub mod views;
 pub mod work;
+pub mod workspaces;
 
 pub use bus::Bus;

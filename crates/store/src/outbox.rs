@@ -239,6 +239,9 @@ async fn execute_own(
             send_kill(bus, record, *attempt).await?;
         }
         Effect::CancelAttempt { attempt } => cancel(bus, record, *attempt).await?,
+        Effect::SaveWorkspace { attempt, object } => {
+            crate::workspaces::save(bus, record, *attempt, object).await?
+        }
         Effect::Ended { state } => return end(bus, record, *state).await,
     }
     Ok(None)
@@ -261,6 +264,14 @@ async fn dispatch(
         .map(|name| {
             turnpike_core::sizes::cut(&name, turnpike_core::wire::PROFILE_NAME_MAX).into_owned()
         });
+    // Where the chat's workspace is (the same for every attempt of the turn: a chat runs one
+    // turn at a time, and only its clean end saves another). Read only where profiles give
+    // workspaces.
+    if bus.workspaces_used {
+        work.workspace = crate::workspaces::of_chat(bus, &record.chat)
+            .await?
+            .map(|w| w.current);
+    }
     let run_subject = subjects::work_run(turn);
     let publish = match not_before {
         // A scheduled message loses its Nats-Msg-Id when it fires; the per-attempt claim stops

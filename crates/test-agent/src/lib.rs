@@ -32,6 +32,9 @@
 //! | `leak:<name>` | prints secret `<name>` in a status line, on stderr and as a stray stdout line; on attempt 1 then reports it as its error and exits 1 (retried), later replies with it |
 //! | `leak-fail:<name>` | reports secret `<name>` as its error and exits 0 (a failure, not retried) |
 //! | `fetch:<item>,…` | replies one line per item, `<item> -> <outcome>`: an `http://host:port/path` URL is fetched through `HTTP_PROXY` by a CONNECT tunnel (directly without one), `plain=<url>` as a plain proxied request, `direct=<host:port>` is a bare TCP connection past any proxy |
+//! | `workspace-note:<text>` | replies `notes: <a>|<b>…` (or `notes: (none)`), the lines of `notes.md` in `$TURNPIKE_WORKSPACE` before this turn, then appends `<text>` to it (`no workspace` without one) |
+//! | `workspace-note-die-once:<text>` | as `workspace-note`, but on attempt 1 it appends and then dies (exit 1) without a reply |
+//! | `workspace-fill:<bytes>` | writes a file of `<bytes>` bytes into the workspace, then replies |
 //! | anything else | echoes the text back |
 //!
 //! The modifier `with-attachments` makes the agent send a status line describing its attachments
@@ -406,6 +409,35 @@ impl Script<'_> {
                 let n = self.number("flood");
                 for i in 1..=n {
                     message(&format!("flood {i}/{n}"));
+                }
+                result_ok();
+            }
+            "workspace-note" | "workspace-note-die-once" | "workspace-fill" => {
+                let Some(dir) = std::env::var_os("TURNPIKE_WORKSPACE") else {
+                    self.reply("no workspace");
+                    result_ok();
+                    return true;
+                };
+                let dir = std::path::PathBuf::from(dir);
+                let arg = self.arg.unwrap_or_default();
+                if name == "workspace-fill" {
+                    let n = self.number("workspace-fill") as usize;
+                    let wrote = std::fs::write(dir.join("fill.bin"), vec![b'f'; n]);
+                    self.reply(&format!("filled {n}: {wrote:?}"));
+                    result_ok();
+                    return true;
+                }
+                let notes = dir.join("notes.md");
+                let before = std::fs::read_to_string(&notes).unwrap_or_default();
+                let lines: Vec<&str> = before.lines().collect();
+                let appended = std::fs::write(&notes, format!("{before}{arg}\n"));
+                if name == "workspace-note-die-once" && self.input.work.attempt == 1 {
+                    std::process::exit(1);
+                }
+                if lines.is_empty() {
+                    self.reply(&format!("notes: (none) {appended:?}"));
+                } else {
+                    self.reply(&format!("notes: {} {appended:?}", lines.join("|")));
                 }
                 result_ok();
             }

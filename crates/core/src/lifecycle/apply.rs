@@ -241,11 +241,30 @@ fn exited(
         a.started_at = start.started_at;
     }
     // Kept bounded whatever the runner sent: the record must fit NATS.
-    a.exit = Some(report.clone().bounded());
+    let report = report.clone().bounded();
+    a.exit = Some(report.clone());
     // The death is dated by `now`, the time of the event that reported it: the shells pass the
     // server's timestamp of that event, the same clock that fires the retry's schedule. The
     // runner's own `ended_at` is kept for operators, never used to decide.
-    Ok(Handled::Changed(decide(r, report.class, now, now)))
+    let mut effects = decide(r, report.class, now, now);
+    // The workspace a run left is the chat's only when this exit, of the attempt that holds the
+    // fence (`fence` above: never a superseded one), is clean and ends the turn answered or
+    // silent: not killed (a kill moved the fence first), never a death (a retry starts from
+    // what the first attempt saw).
+    if let Some(object) = report.workspace {
+        let clean_end = report.class == crate::wire::ExitClass::Clean
+            && r.state == TurnState::Done
+            && r.kill.is_none();
+        if clean_end {
+            let at = effects
+                .iter()
+                .position(|e| matches!(e, Effect::Ended { .. }))
+                .unwrap_or(effects.len());
+            // Before the turn ends: the chat's next turn is admitted with it.
+            effects.insert(at, Effect::SaveWorkspace { attempt, object });
+        }
+    }
+    Ok(Handled::Changed(effects))
 }
 
 /// An operator asked to kill the turn: a running attempt is fenced out and told; a turn not yet

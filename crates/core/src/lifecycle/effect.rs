@@ -20,6 +20,7 @@ impl Effect {
             Effect::ForwardKill { attempt: n } => attempt(*n).is_some_and(|a| a.exit.is_some()),
             Effect::Notify { .. }
             | Effect::FlagChatErrored { .. }
+            | Effect::SaveWorkspace { .. }
             | Effect::CancelAttempt { .. }
             | Effect::Ended { .. } => false,
         }

@@ -68,6 +68,7 @@ fn new_turn(n: u32) -> TurnRecord {
 
 fn report(class: ExitClass, landed: u32, ended: Timestamp) -> ExitReport {
     ExitReport {
+        workspace: None,
         class,
         exit_code: None,
         signal: None,
@@ -1331,4 +1332,101 @@ fn an_exit_reports_error_is_kept_bounded() {
         .and_then(|e| e.error.clone())
         .expect("kept");
     assert!(crate::sizes::str_len(&kept) <= crate::sizes::ERROR_MAX);
+}
+
+/// Issue 37: the workspace a run left becomes the chat's only by the exit that ends its turn
+/// cleanly, before the turn's end lets the chat's next turn go; never by a death (the retry
+/// starts from what the first attempt saw), a kill, or a superseded attempt.
+#[test]
+fn only_a_clean_end_saves_its_workspace_and_before_the_turn_ends() {
+    let with_ws = |class, landed, k: u32| ExitReport {
+        workspace: Some(format!("chat-1/t/{k}")),
+        ..report(class, landed, at(5))
+    };
+    let exited = |r: &TurnRecord, k: u32, rep: ExitReport| {
+        step(
+            r,
+            Event::Exited {
+                attempt: k,
+                report: rep,
+            },
+            at(5),
+        )
+    };
+    let started = |r: &TurnRecord, k: u32| {
+        step(
+            r,
+            Event::Started {
+                attempt: k,
+                runner: runner(k),
+                published_at: at(1),
+            },
+            at(1),
+        )
+        .0
+    };
+    // Replied, or silent: saved, just before Ended.
+    for landed in [1, 0] {
+        let r = started(&new_turn(3), 1);
+        let (r, effects) = exited(&r, 1, with_ws(ExitClass::Clean, landed, 1));
+        assert_eq!(r.state, TurnState::Done);
+        let save = effects
+            .iter()
+            .position(|e| matches!(e, Effect::SaveWorkspace { attempt: 1, object } if object == "chat-1/t/1"))
+            .expect("saved");
+        let ended = effects
+            .iter()
+            .position(|e| matches!(e, Effect::Ended { .. }))
+            .expect("ended");
+        assert!(save < ended, "{effects:?}");
+    }
+    // A death (even one that says it left a workspace), an agent's own failure, a kill: not
+    // saved; the retry after the death and its clean end save the retry's.
+    for class in [
+        ExitClass::Crashed,
+        ExitClass::OomKilled,
+        ExitClass::AgentFailed,
+    ] {
+        let r = started(&new_turn(3), 1);
+        let (r, effects) = exited(&r, 1, with_ws(class, 0, 1));
+        assert!(
+            !effects
+                .iter()
+                .any(|e| matches!(e, Effect::SaveWorkspace { .. })),
+            "{class:?}: {effects:?}"
+        );
+        if class != ExitClass::AgentFailed {
+            let r = started(&r, 2);
+            let (_, effects) = exited(&r, 2, with_ws(ExitClass::Clean, 1, 2));
+            assert!(effects
+                .iter()
+                .any(|e| matches!(e, Effect::SaveWorkspace { attempt: 2, .. })));
+        }
+    }
+    let r = started(&new_turn(3), 1);
+    let kill = OperatorAction {
+        by: "op".into(),
+        at: at(2),
+    };
+    let (r, _) = step(&r, Event::KillRequested { action: kill }, at(2));
+    // A clean exit after a kill (the agent's own, racing the stop) ends the turn done, but
+    // saves nothing: the kill fenced the attempt out.
+    let (_, effects) = exited(&r, 1, with_ws(ExitClass::Clean, 1, 1));
+    assert!(!effects
+        .iter()
+        .any(|e| matches!(e, Effect::SaveWorkspace { .. })));
+    // A superseded attempt's clean exit changes nothing at all.
+    let r = started(&new_turn(3), 1);
+    let (r, _) = exited(&r, 1, report(ExitClass::RunnerLost, 0, at(3)));
+    let r = started(&r, 2);
+    let late = apply(
+        &r,
+        &Event::Exited {
+            attempt: 1,
+            report: with_ws(ExitClass::Clean, 1, 1),
+        },
+        at(6),
+    )
+    .expect("legal");
+    assert!(matches!(late, Step::Unchanged(_)), "{late:?}");
 }

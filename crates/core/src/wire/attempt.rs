@@ -28,10 +28,19 @@ pub struct WorkItem {
     /// (`None`: the deployment's default). At most [`PROFILE_NAME_MAX`] bytes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub profile: Option<String>,
+    /// The chat's workspace when this attempt was dispatched (its object in
+    /// `turnpike_workspaces`), restored into the run when its profile has a workspace; `None`:
+    /// empty. The same for every attempt of a turn: a chat runs one turn at a time, and only a
+    /// turn's own clean end saves a new one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workspace: Option<String>,
 }
 
 /// The longest profile name.
 pub const PROFILE_NAME_MAX: usize = 64;
+/// The longest name of a workspace object (`<chat>/<turn>/<attempt>`: a chat id of 128, a turn
+/// id, an attempt number and room to spare).
+pub const WORKSPACE_OBJECT_MAX: usize = 256;
 
 /// The resource profile an attempt ran with, as its runner applied it.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -228,6 +237,11 @@ pub struct ExitReport {
     /// because events are handled concurrently and the Started event may be applied after it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub started: Option<AttemptStart>,
+    /// The workspace the run left at its clean exit, stored but not yet the chat's (its object
+    /// in `turnpike_workspaces`): it becomes the chat's only if this exit is the current
+    /// attempt's and ends the turn cleanly; otherwise it is discarded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workspace: Option<String>,
 }
 
 /// Where an attempt's bot messages are stored on the chat-out stream: its first and last stream
@@ -374,6 +388,7 @@ impl ExitReport {
     /// fence moved: `landed` is what it landed, final from then on.
     pub fn runner_lost(error: impl Into<String>, landed: Landed, ended_at: Timestamp) -> Self {
         ExitReport {
+            workspace: None,
             class: ExitClass::RunnerLost,
             exit_code: None,
             signal: None,
@@ -393,6 +408,14 @@ impl ExitReport {
             if let std::borrow::Cow::Owned(cut) = crate::sizes::cut(e, crate::sizes::ERROR_MAX) {
                 self.error = Some(cut);
             }
+        }
+        // A name longer than any workspace object's is not one: no workspace.
+        if self
+            .workspace
+            .as_ref()
+            .is_some_and(|w| w.len() > WORKSPACE_OBJECT_MAX)
+        {
+            self.workspace = None;
         }
         if let Some(p) = self.started.as_mut().and_then(|s| s.profile.as_mut()) {
             if let std::borrow::Cow::Owned(cut) = crate::sizes::cut(&p.name, PROFILE_NAME_MAX) {

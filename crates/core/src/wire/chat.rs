@@ -321,6 +321,19 @@ pub struct ChatRecord {
     /// Operators who cleared its flag before, and when.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub cleared: Vec<OperatorAction>,
+    /// The chat's workspace: the object of the last turn that saved one, and the one before.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workspace: Option<ChatWorkspace>,
+}
+
+/// Where a chat's workspace is kept (objects in `turnpike_workspaces`).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct ChatWorkspace {
+    /// What the chat's next turn starts from.
+    pub current: String,
+    /// What the turn that saved `current` started from, kept for operators.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub previous: Option<String>,
 }
 
 /// Why a chat is flagged for operators.

@@ -18,11 +18,11 @@ mod ops;
 pub use attempt::{
     AgentInput, AgentLine, AgentStatus, AttemptStart, ClaimHolder, ClaimRecord, ExitClass,
     ExitReport, Landed, ProfileUsed, ReplySpan, RunnerEvent, RunnerEventKind, RunnerPresence,
-    WorkItem, PROFILE_NAME_MAX,
+    WorkItem, PROFILE_NAME_MAX, WORKSPACE_OBJECT_MAX,
 };
 pub use chat::{
-    Attachment, ChatError, ChatErrorCause, ChatRecord, HistoryEntry, InboundLimits, InboundMessage,
-    OutboundItem, OutboundKind, Refusal, Role,
+    Attachment, ChatError, ChatErrorCause, ChatRecord, ChatWorkspace, HistoryEntry, InboundLimits,
+    InboundMessage, OutboundItem, OutboundKind, Refusal, Role,
 };
 pub use fence::{FenceHolder, FenceMarker};
 pub use ops::{

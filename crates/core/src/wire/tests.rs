@@ -74,6 +74,7 @@ fn round_trip<T: Serialize + DeserializeOwned + Versioned + PartialEq + Debug>(v
 
 fn work() -> WorkItem {
     WorkItem {
+        workspace: None,
         v: FORMAT_VERSION,
         turn: turn(),
         chat: chat(),
@@ -124,6 +125,7 @@ fn every_message_round_trips_in_both_codecs() {
             .into_iter()
             .map(|class| RunnerEventKind::Exited {
                 report: ExitReport {
+                    workspace: None,
                     class,
                     exit_code: Some(137),
                     signal: Some(9),
@@ -168,6 +170,7 @@ fn every_message_round_trips_in_both_codecs() {
         });
     }
     round_trip(ChatRecord {
+        workspace: None,
         v: FORMAT_VERSION,
         chat: chat(),
         live: Some(turn()),

@@ -71,6 +71,7 @@ pub(super) fn frame_step(m: &Protocol, w: &mut World, p: ProcIx, frame: Frame) -
                     }
                 }
                 Effect::FlagChatErrored { .. } => {}
+                Effect::SaveWorkspace { attempt, .. } => save_workspace(m, w, turn, *attempt),
                 Effect::ForwardKill { attempt } => {
                     if !m.bugs.kill_without_fence {
                         kill_fence(m, w, turn, *attempt);
@@ -148,4 +149,42 @@ pub(super) fn release(
     let (next, history) = released.next?;
     let next = m.ids.turns.iter().position(|id| *id == next)?;
     Some((next, history))
+}
+
+/// The chat's workspace becomes what `attempt` left, if it still holds the fence (as
+/// `store::workspaces::save` checks): a superseded attempt's writes are discarded.
+fn save_workspace(m: &Protocol, w: &mut World, turn: Turn, attempt: Attempt) {
+    let holds = w
+        .fence_last(turn)
+        .and_then(|l| l.marker)
+        .is_some_and(|marker| {
+            marker.attempt == attempt
+                && matches!(
+                    marker.holder,
+                    turnpike_core::fence::FenceHolder::Runner { .. }
+                )
+        });
+    if !holds && !m.bugs.save_without_fence {
+        return;
+    }
+    // Judged apart from the check: superseded means a later attempt started, or this one was
+    // declared lost or killed.
+    let later_started = w
+        .ghost
+        .starts
+        .keys()
+        .any(|(t, k)| *t == turn && *k > attempt);
+    let fenced_out = w.fences[turn].iter().any(|marker| {
+        marker.attempt == attempt
+            && !matches!(
+                marker.holder,
+                turnpike_core::fence::FenceHolder::Runner { .. }
+            )
+    });
+    if later_started || fenced_out {
+        w.ghost.bad_save = Some("a superseded attempt's workspace was saved");
+    } else if w.record(turn).map(|r| r.state) != Some(turnpike_core::record::TurnState::Done) {
+        w.ghost.bad_save = Some("a workspace was saved by a turn that did not end done");
+    }
+    w.ghost.saved.insert((turn, attempt));
 }

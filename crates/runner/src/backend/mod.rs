@@ -32,6 +32,9 @@ pub struct RunSpec {
     pub deadline: turnpike_core::Timestamp,
     /// The agent's secrets: files, and variables where asked.
     pub secrets: crate::secrets::Secrets,
+    /// The attempt's copy of its chat's workspace (a directory on the runner), if its profile
+    /// gives one: the agent's `$TURNPIKE_WORKSPACE`, read back after the run.
+    pub workspace: Option<std::path::PathBuf>,
     pub stop_grace: Duration,
     /// When the agent must be stopped if the runner cannot stop it itself (frozen, cut off):
     /// moved on by each lease renewal. The docker backend's watchdog enforces it inside the

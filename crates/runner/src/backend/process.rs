@@ -143,6 +143,11 @@ impl ProcessBackend {
             .env("TURNPIKE_ATTEMPT", work.attempt.to_string())
             .env("TURNPIKE_DEADLINE", spec.deadline.to_string())
             .env("TURNPIKE_SECRETS", &secrets_dir)
+            .envs(
+                spec.workspace
+                    .iter()
+                    .map(|w| ("TURNPIKE_WORKSPACE", w.as_os_str())),
+            )
             // Inherited by every process of the run, also one that leaves its process group.
             .env(
                 tree::RUN_TAG,
@@ -506,7 +511,9 @@ mod tests {
         let chat = turnpike_core::ChatId::new("c").expect("chat id");
         let message = turnpike_core::wire::InboundMessage::new(chat.clone(), "m", "hi", None);
         let spec = RunSpec {
+            workspace: None,
             work: turnpike_core::wire::WorkItem {
+                workspace: None,
                 v: turnpike_core::FORMAT_VERSION,
                 turn: message.turn(),
                 chat,

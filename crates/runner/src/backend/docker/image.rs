@@ -82,6 +82,7 @@ pub(super) fn secrets_tar(secrets: &crate::secrets::Secrets, uid: u64) -> std::i
 pub(super) async fn run_dir_tar(
     init: bytes::Bytes,
     files: Vec<crate::attachments::Spooled>,
+    workspace: Option<(std::path::PathBuf, u64)>,
 ) -> std::io::Result<tokio::fs::File> {
     let tar = tokio::task::spawn_blocking(move || {
         let mut builder = tar::Builder::new(tempfile::tempfile()?);
@@ -107,6 +108,11 @@ pub(super) async fn run_dir_tar(
                 std::fs::File::open(&a.path)?,
             )?;
         }
+        // The chat's workspace, the agent's own (its user owns every entry; the runner's copy
+        // may be owned by anyone).
+        if let Some((dir, uid)) = &workspace {
+            append_owned(&mut builder, dir, std::path::Path::new("workspace"), *uid)?;
+        }
         let mut file = builder.into_inner()?;
         std::io::Seek::rewind(&mut file)?;
         Ok::<_, std::io::Error>(file)
@@ -114,4 +120,46 @@ pub(super) async fn run_dir_tar(
     .await
     .map_err(std::io::Error::other)??;
     Ok(tokio::fs::File::from_std(tar))
+}
+
+/// Append `dir` as `name` and everything under it (links as links), each entry owned by `uid`.
+fn append_owned<W: std::io::Write>(
+    builder: &mut tar::Builder<W>,
+    dir: &std::path::Path,
+    name: &std::path::Path,
+    uid: u64,
+) -> std::io::Result<()> {
+    let mut h = tar::Header::new_gnu();
+    h.set_entry_type(tar::EntryType::Directory);
+    h.set_mode(0o700);
+    h.set_uid(uid);
+    h.set_gid(uid);
+    h.set_size(0);
+    h.set_cksum();
+    builder.append_data(&mut h, name, std::io::empty())?;
+    for entry in std::fs::read_dir(dir)? {
+        let entry = entry?;
+        let kind = entry.file_type()?;
+        let path = name.join(entry.file_name());
+        if kind.is_dir() {
+            append_owned(builder, &entry.path(), &path, uid)?;
+        } else if kind.is_file() {
+            let mut h = tar::Header::new_gnu();
+            h.set_mode(0o600);
+            h.set_uid(uid);
+            h.set_gid(uid);
+            h.set_size(entry.metadata()?.len());
+            h.set_cksum();
+            builder.append_data(&mut h, &path, std::fs::File::open(entry.path())?)?;
+        } else if kind.is_symlink() {
+            let mut h = tar::Header::new_gnu();
+            h.set_entry_type(tar::EntryType::Symlink);
+            h.set_mode(0o777);
+            h.set_uid(uid);
+            h.set_gid(uid);
+            h.set_size(0);
+            builder.append_link(&mut h, &path, std::fs::read_link(entry.path())?)?;
+        }
+    }
+    Ok(())
 }

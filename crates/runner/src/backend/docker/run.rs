@@ -153,7 +153,65 @@ impl DockerBackend {
             debug!("attach stream still open after exit");
         }
         feeder.abort();
-        self.collect(id, wait_code, stopped_by, &oom).await
+        let raw = self.collect(id, wait_code, stopped_by, &oom).await;
+        if let Some(dir) = &spec.workspace {
+            self.read_back_workspace(id, dir, spec, &raw).await;
+        }
+        raw
+    }
+
+    /// After a clean exit, the run's workspace back into the runner's copy (the attempt then
+    /// stores it); after any other end, or when it cannot be read back whole within its limit,
+    /// the copy is removed: nothing of this run is saved.
+    async fn read_back_workspace(
+        &self,
+        id: &str,
+        dir: &std::path::Path,
+        spec: &RunSpec,
+        raw: &RawExit,
+    ) {
+        let clean = raw.exit_code == Some(0) && raw.stopped_by.is_none();
+        let read = if clean {
+            self.download_workspace(id, dir, spec.profile.workspace_max_bytes.0)
+                .await
+        } else {
+            Err("the run did not end cleanly".to_owned())
+        };
+        if let Err(why) = read {
+            if clean {
+                warn!(why, "the run's workspace cannot be read back: not saved");
+            }
+            let dir = dir.to_path_buf();
+            let _ = tokio::task::spawn_blocking(move || std::fs::remove_dir_all(dir)).await;
+        }
+    }
+
+    async fn download_workspace(
+        &self,
+        id: &str,
+        dir: &std::path::Path,
+        max: u64,
+    ) -> Result<(), String> {
+        use bollard::query_parameters::DownloadFromContainerOptionsBuilder;
+        let opts = DownloadFromContainerOptionsBuilder::new()
+            .path(&format!("{RUN_DIR}/workspace"))
+            .build();
+        let mut stream = self.docker.download_from_container(id, Some(opts));
+        // The tar adds headers and padding to what the files hold.
+        let cap = max.saturating_add(max / 8).saturating_add(1 << 20);
+        let mut tar = Vec::new();
+        while let Some(chunk) = stream.next().await {
+            let chunk = chunk.map_err(|e| e.to_string())?;
+            tar.extend_from_slice(&chunk);
+            if tar.len() as u64 > cap {
+                return Err(format!("over its limit of {max} bytes"));
+            }
+        }
+        let dir = dir.to_path_buf();
+        tokio::task::spawn_blocking(move || replace_with(&tar, &dir))
+            .await
+            .map_err(|e| e.to_string())?
+            .map_err(|e| e.to_string())
     }
 
     /// Copy the watchdog and the attachments into the container's run directory, and its
@@ -175,7 +233,11 @@ impl DockerBackend {
                     ))
                 })?;
         }
-        let tar = run_dir_tar(self.init.clone(), spec.attachments.clone())
+        let workspace = spec
+            .workspace
+            .clone()
+            .map(|dir| (dir, self.container.uid()));
+        let tar = run_dir_tar(self.init.clone(), spec.attachments.clone(), workspace)
             .await
             .map_err(|e| engine_error(format!("cannot pack the watchdog and attachments: {e}")))?;
         let opts = UploadToContainerOptionsBuilder::new().path(RUN_DIR).build();
@@ -448,4 +510,48 @@ async fn feed(
             return;
         }
     }
+}
+
+/// Empty `dir`, then unpack `tar` (its entries under `workspace/`) into it.
+fn replace_with(tar: &[u8], dir: &std::path::Path) -> std::io::Result<()> {
+    for entry in std::fs::read_dir(dir)? {
+        let entry = entry?;
+        if entry.file_type()?.is_dir() {
+            std::fs::remove_dir_all(entry.path())?;
+        } else {
+            std::fs::remove_file(entry.path())?;
+        }
+    }
+    let mut archive = tar::Archive::new(tar);
+    for entry in archive.entries()? {
+        let mut entry = entry?;
+        let path = entry.path()?.into_owned();
+        let Ok(rel) = path.strip_prefix("workspace") else {
+            continue;
+        };
+        if rel.as_os_str().is_empty() {
+            continue;
+        }
+        // Only plain names, and never through a link the agent made: nothing outside `dir`.
+        let plain = rel
+            .components()
+            .all(|c| matches!(c, std::path::Component::Normal(_)));
+        let mut through_link = false;
+        let mut at = dir.to_path_buf();
+        for part in rel.parent().into_iter().flat_map(|p| p.components()) {
+            at.push(part);
+            through_link |=
+                std::fs::symlink_metadata(&at).is_ok_and(|m| m.file_type().is_symlink());
+        }
+        if !plain || through_link {
+            continue;
+        }
+        let dst = dir.join(rel);
+        if let Some(parent) = dst.parent() {
+            std::fs::create_dir_all(parent)?;
+        }
+        entry.set_preserve_permissions(false);
+        entry.unpack(&dst)?;
+    }
+    Ok(())
 }

@@ -159,6 +159,9 @@ fn env(work: &WorkItem, profile: &Profile, deadline: turnpike_core::Timestamp) -
         format!("TURNPIKE_ATTEMPT={}", work.attempt),
         format!("TURNPIKE_DEADLINE={deadline}"),
     ]);
+    if profile.workspace_max_bytes.0 > 0 {
+        env.push(format!("TURNPIKE_WORKSPACE={RUN_DIR}/workspace"));
+    }
     if !profile.agent_secrets.is_empty() {
         env.push(format!("TURNPIKE_SECRETS={SECRETS_DIR}"));
         let vars = profile

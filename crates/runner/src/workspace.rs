@@ -166,7 +166,8 @@ fn size_of(dir: &Path) -> std::io::Result<u64> {
     Ok(total)
 }
 
-fn clear(dir: &Path) -> std::io::Result<()> {
+/// Empty `dir`, keeping it.
+pub(crate) fn clear(dir: &Path) -> std::io::Result<()> {
     for entry in std::fs::read_dir(dir)? {
         let entry = entry?;
         if entry.file_type()?.is_dir() {

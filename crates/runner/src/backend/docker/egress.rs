@@ -246,25 +246,10 @@ impl DockerBackend {
     /// Remove the proxies and networks an earlier life of this runner left.
     pub(super) async fn reap_egress(&self) -> Result<(), BackendError> {
         let label = vec![format!("{LABEL_EGRESS_RUNNER}={}", self.container.runner)];
-        let filters: HashMap<&str, Vec<String>> = HashMap::from([("label", label)]);
-        let proxies = self
-            .docker
-            .list_containers(Some(
-                bollard::query_parameters::ListContainersOptionsBuilder::new()
-                    .all(true)
-                    .filters(&filters)
-                    .build(),
-            ))
-            .await
-            .map_err(|source| BackendError::Docker {
-                what: "list egress proxies",
-                source,
-            })?;
-        for p in proxies {
-            if let Some(id) = p.id {
-                self.remove(&id).await;
-            }
+        for proxy in self.list(label.clone()).await? {
+            self.remove(&proxy.id).await;
         }
+        let filters: HashMap<&str, Vec<String>> = HashMap::from([("label", label)]);
         let networks = self
             .docker
             .list_networks(Some(

@@ -514,14 +514,7 @@ async fn feed(
 
 /// Empty `dir`, then unpack `tar` (its entries under `workspace/`) into it.
 fn replace_with(tar: &[u8], dir: &std::path::Path) -> std::io::Result<()> {
-    for entry in std::fs::read_dir(dir)? {
-        let entry = entry?;
-        if entry.file_type()?.is_dir() {
-            std::fs::remove_dir_all(entry.path())?;
-        } else {
-            std::fs::remove_file(entry.path())?;
-        }
-    }
+    crate::workspace::clear(dir)?;
     let mut archive = tar::Archive::new(tar);
     for entry in archive.entries()? {
         let mut entry = entry?;

@@ -442,3 +442,81 @@ async fn container_spec_shows_the_sandbox_an_attempt_gets() {
     assert_eq!(host["NetworkMode"], "none");
     assert!(host["PidsLimit"].as_i64().is_some_and(|n| n > 0));
 }
+
+/// Issue 37: an operator reads, downloads and resets a chat's workspace.
+#[tokio::test]
+async fn a_chats_workspace_is_shown_downloaded_and_reset() {
+    let agent = format!("{AGENT} test-agent");
+    let p = Pipeline::start(&agent, |c| {
+        c.workspace_max_bytes = turnpike_config::ByteSize(1 << 20)
+    })
+    .await;
+    let url = p.config.nats_url.clone();
+    let o = turnpike(&url, &["send", "--chat", "ws-cli", "workspace-note:kept"]).await;
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+
+    let o = turnpike(&url, &["chats", "workspace", "ws-cli"]).await;
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        stdout(&o).starts_with("ws-cli: workspace ws-cli/"),
+        "{}",
+        stdout(&o)
+    );
+
+    let dir = tempfile::tempdir().expect("dir");
+    let file = dir.path().join("ws.tar");
+    let o = turnpike(
+        &url,
+        &[
+            "chats",
+            "workspace",
+            "ws-cli",
+            "--download",
+            &file.display().to_string(),
+        ],
+    )
+    .await;
+    assert!(o.status.success(), "{}", stderr(&o));
+    let mut archive = tar::Archive::new(std::fs::File::open(&file).expect("tar"));
+    let mut notes = String::new();
+    for entry in archive.entries().expect("entries") {
+        let mut entry = entry.expect("entry");
+        if entry.path().expect("path").ends_with("notes.md") {
+            std::io::Read::read_to_string(&mut entry, &mut notes).expect("read");
+        }
+    }
+    assert_eq!(notes, "kept\n");
+
+    let o = turnpike(&url, &["chats", "workspace", "ws-cli", "--reset"]).await;
+    assert!(o.status.success(), "{}{}", stdout(&o), stderr(&o));
+    let o = turnpike(&url, &["chats", "workspace", "ws-cli"]).await;
+    assert_eq!(stdout(&o), "ws-cli: no workspace saved\n");
+    p.stop().await;
+}
+
+#[tokio::test]
+async fn container_spec_shows_an_egress_lists_network_and_proxy() {
+    let o = tokio::process::Command::new(TURNPIKE)
+        .args(["runner", "container-spec"])
+        .env("TURNPIKE_EGRESS_ALLOW", "api.example.com:443")
+        .env("TURNPIKE_LOG", "error")
+        .output()
+        .await
+        .expect("run turnpike");
+    assert!(o.status.success(), "{}", stderr(&o));
+    let spec: serde_json::Value = serde_json::from_slice(&o.stdout).expect("JSON");
+    let network = spec["HostConfig"]["NetworkMode"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(network.ends_with("-net"), "{network}");
+    let env: Vec<&str> = spec["Env"]
+        .as_array()
+        .expect("env")
+        .iter()
+        .filter_map(|v| v.as_str())
+        .collect();
+    assert!(
+        env.contains(&"HTTPS_PROXY=http://egress-proxy:3128"),
+        "{env:?}"
+    );
+}

@@ -226,3 +226,23 @@ async fn the_example_agent_reads_its_notes_from_an_earlier_turn_on_another_runne
     );
     stack.stop().await;
 }
+
+/// An endpoint that cuts the stream off, then one that dies outright: the agent counts a cut
+/// stream as a death (exit 1, nothing said), retried in a fresh container, and gives up when
+/// the endpoint keeps failing; the chat gets the give-up notice.
+#[tokio::test]
+async fn a_stream_cut_off_is_a_death_and_is_retried() {
+    let stack = Stack::start("drop", |c| c.max_turn_retry = 2).await;
+    let chat = "dt-py-drop";
+    let turn = send(&stack.bus, chat, "py-drop-1", "llm-drop now").await;
+    let record = wait_ended(&stack.bus, &turn, T).await;
+    assert_eq!(record.state, TurnState::GaveUp, "{record:?}");
+    assert_eq!(record.attempts.len(), 2, "{record:?}");
+    for a in &record.attempts {
+        let exit = a.exit.clone().expect("exit");
+        assert_eq!(exit.class, ExitClass::Crashed, "{exit:?}");
+        assert_eq!(exit.exit_code, Some(1), "{exit:?}");
+    }
+    assert_eq!(stack.stats().await["completions"], 2);
+    stack.stop().await;
+}

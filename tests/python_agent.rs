@@ -227,9 +227,8 @@ async fn the_example_agent_reads_its_notes_from_an_earlier_turn_on_another_runne
     stack.stop().await;
 }
 
-/// An endpoint that cuts the stream off, then one that dies outright: the agent counts a cut
-/// stream as a death (exit 1, nothing said), retried in a fresh container, and gives up when
-/// the endpoint keeps failing; the chat gets the give-up notice.
+/// An endpoint that cuts its stream off mid-answer: the agent counts it as a death (exit 1,
+/// nothing said), retried in a fresh container, and the turn gives up when it keeps happening.
 #[tokio::test]
 async fn a_stream_cut_off_is_a_death_and_is_retried() {
     let stack = Stack::start("drop", |c| c.max_turn_retry = 2).await;

@@ -159,7 +159,17 @@ async fn a_store_the_server_cannot_reserve_names_its_setting() {
         "{said}"
     );
     config.attachments_store_max_bytes = turnpike_config::ByteSize(256 * 1024 * 1024);
-    topology::ensure(&js, &config).await.expect("256 MiB fits");
+    let err = topology::ensure(&js, &config)
+        .await
+        .expect_err("256 MiB and the workspaces' 1 GiB do not fit");
+    assert!(
+        err.to_string().contains("workspaces_store_max_bytes"),
+        "{err}"
+    );
+    config.workspaces_store_max_bytes = turnpike_config::ByteSize(128 * 1024 * 1024);
+    topology::ensure(&js, &config)
+        .await
+        .expect("256 + 128 MiB fit");
 }
 
 #[tokio::test]

@@ -445,13 +445,19 @@ async fn nemesis() {
                         .iter()
                         .map(|a| {
                             format!(
-                                "    attempt {} on {:?}: due {:?}, published {:?}, started {:?}, exit {:?}, {} landed",
+                                "    attempt {} on {:?}: due {:?}, published {:?}, started {:?}, exit {:?} (code {:?}, signal {:?}, error {:?}), {} landed",
                                 a.n,
                                 a.runner.as_ref().map(|r| r.to_string()),
                                 a.due_at.map(|t| rel(t.millis() as i64)),
                                 a.published_at.map(|t| rel(t.millis() as i64)),
                                 a.started_at.map(|t| rel(t.millis() as i64)),
                                 a.exit.as_ref().map(|x| x.class),
+                                a.exit.as_ref().and_then(|x| x.exit_code),
+                                a.exit.as_ref().and_then(|x| x.signal),
+                                a.exit
+                                    .as_ref()
+                                    .and_then(|x| x.error.as_deref())
+                                    .map(|e| e.chars().take(300).collect::<String>()),
                                 a.messages_landed
                             )
                         })

@@ -83,6 +83,17 @@ async fn stray(
     if !d.same_deployment(c) {
         return false;
     }
+    // Young: its runner may be alive but just back from a freeze (its presence not yet
+    // renewed, the attempt's lease written a heartbeat after its claim). Found by the nemesis: a
+    // runner resumed from a pause had the container it had just created removed before its
+    // start. A runner that is really gone leaves it for one more look.
+    let grace = ctx.config.lease + ctx.config.heartbeat;
+    let age = c
+        .created
+        .map(|at| turnpike_jetstream::now().millis() as i64 / 1000 - at);
+    if age.is_none_or(|secs| secs < grace.as_secs() as i64) {
+        return false;
+    }
     let Some(runner) = &c.runner else {
         return false;
     };

@@ -76,6 +76,8 @@ pub struct Container {
     pub turn: Option<TurnId>,
     pub attempt: Option<u32>,
     pub chat: Option<ChatId>,
+    /// When the engine created it (Unix seconds).
+    pub created: Option<i64>,
 }
 
 /// A container left by an earlier life of this runner.
@@ -236,6 +238,7 @@ impl DockerBackend {
                     chat: labels
                         .get(LABEL_CHAT)
                         .and_then(|c| ChatId::new(c.as_str()).ok()),
+                    created: c.created,
                 })
             })
             .collect())

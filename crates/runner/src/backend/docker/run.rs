@@ -473,7 +473,10 @@ pub(super) fn is_refusal(e: &DockerError) -> bool {
             status_code,
             message,
         } => {
-            (400..500).contains(status_code)
+            // 409 is a conflict with the container's state (being removed, a name still
+            // taken): the engine's business, which a retry may find settled; every other 4xx
+            // says the request itself cannot be met.
+            ((400..500).contains(status_code) && *status_code != 409)
                 // The engine reports an entrypoint it cannot exec as a 500 on start.
                 || (*status_code == 500
                     && (message.contains("executable file not found")
@@ -547,4 +550,28 @@ fn replace_with(tar: &[u8], dir: &std::path::Path) -> std::io::Result<()> {
         entry.unpack(&dst)?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_conflict_with_the_containers_state_is_no_refusal() {
+        let said = |status_code: u16, message: &str| DockerError::DockerResponseServerError {
+            status_code,
+            message: message.to_owned(),
+        };
+        assert!(is_refusal(&said(404, "no such image")));
+        assert!(is_refusal(&said(400, "invalid reference format")));
+        assert!(is_refusal(&said(
+            500,
+            "exec: \"/agent\": executable file not found"
+        )));
+        assert!(!is_refusal(&said(
+            409,
+            "container is marked for removal and cannot be started"
+        )));
+        assert!(!is_refusal(&said(500, "the engine is busy")));
+    }
 }

@@ -129,13 +129,7 @@ fn append_owned<W: std::io::Write>(
     name: &std::path::Path,
     uid: u64,
 ) -> std::io::Result<()> {
-    let mut h = tar::Header::new_gnu();
-    h.set_entry_type(tar::EntryType::Directory);
-    h.set_mode(0o700);
-    h.set_uid(uid);
-    h.set_gid(uid);
-    h.set_size(0);
-    h.set_cksum();
+    let mut h = owned(tar::EntryType::Directory, 0o700, uid, 0);
     builder.append_data(&mut h, name, std::io::empty())?;
     for entry in std::fs::read_dir(dir)? {
         let entry = entry?;
@@ -144,22 +138,24 @@ fn append_owned<W: std::io::Write>(
         if kind.is_dir() {
             append_owned(builder, &entry.path(), &path, uid)?;
         } else if kind.is_file() {
-            let mut h = tar::Header::new_gnu();
-            h.set_mode(0o600);
-            h.set_uid(uid);
-            h.set_gid(uid);
-            h.set_size(entry.metadata()?.len());
-            h.set_cksum();
+            let mut h = owned(tar::EntryType::Regular, 0o600, uid, entry.metadata()?.len());
             builder.append_data(&mut h, &path, std::fs::File::open(entry.path())?)?;
         } else if kind.is_symlink() {
-            let mut h = tar::Header::new_gnu();
-            h.set_entry_type(tar::EntryType::Symlink);
-            h.set_mode(0o777);
-            h.set_uid(uid);
-            h.set_gid(uid);
-            h.set_size(0);
+            let mut h = owned(tar::EntryType::Symlink, 0o777, uid, 0);
             builder.append_link(&mut h, &path, std::fs::read_link(entry.path())?)?;
         }
     }
     Ok(())
+}
+
+/// A header for an entry of `kind` owned by `uid` (user and group).
+fn owned(kind: tar::EntryType, mode: u32, uid: u64, size: u64) -> tar::Header {
+    let mut h = tar::Header::new_gnu();
+    h.set_entry_type(kind);
+    h.set_mode(mode);
+    h.set_uid(uid);
+    h.set_gid(uid);
+    h.set_size(size);
+    h.set_cksum();
+    h
 }

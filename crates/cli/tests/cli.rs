@@ -418,20 +418,28 @@ async fn healthcheck_tells_a_live_role_from_a_missing_one() {
     p.stop().await;
 }
 
-/// `turnpike runner container-spec` prints the container every attempt gets under this config,
-/// as the Engine API takes it, so an operator can review the sandbox before running anything.
-#[tokio::test]
-async fn container_spec_shows_the_sandbox_an_attempt_gets() {
+/// What `turnpike runner container-spec` prints with `env` set (it must succeed).
+async fn container_spec(env: &[(&str, &str)]) -> serde_json::Value {
     let o = tokio::process::Command::new(TURNPIKE)
         .args(["runner", "container-spec"])
-        .env("TURNPIKE_AGENT_IMAGE", "my-agent:1.2")
-        .env("TURNPIKE_MEMORY_LIMIT", "256MiB")
+        .envs(env.iter().copied())
         .env("TURNPIKE_LOG", "error")
         .output()
         .await
         .expect("run turnpike");
     assert!(o.status.success(), "{}", stderr(&o));
-    let spec: serde_json::Value = serde_json::from_slice(&o.stdout).expect("JSON");
+    serde_json::from_slice(&o.stdout).expect("JSON")
+}
+
+/// `turnpike runner container-spec` prints the container every attempt gets under this config,
+/// as the Engine API takes it, so an operator can review the sandbox before running anything.
+#[tokio::test]
+async fn container_spec_shows_the_sandbox_an_attempt_gets() {
+    let spec = container_spec(&[
+        ("TURNPIKE_AGENT_IMAGE", "my-agent:1.2"),
+        ("TURNPIKE_MEMORY_LIMIT", "256MiB"),
+    ])
+    .await;
     assert_eq!(spec["Image"], "my-agent:1.2");
     assert_eq!(spec["User"], "65534:65534");
     let host = &spec["HostConfig"];
@@ -496,15 +504,7 @@ async fn a_chats_workspace_is_shown_downloaded_and_reset() {
 
 #[tokio::test]
 async fn container_spec_shows_an_egress_lists_network_and_proxy() {
-    let o = tokio::process::Command::new(TURNPIKE)
-        .args(["runner", "container-spec"])
-        .env("TURNPIKE_EGRESS_ALLOW", "api.example.com:443")
-        .env("TURNPIKE_LOG", "error")
-        .output()
-        .await
-        .expect("run turnpike");
-    assert!(o.status.success(), "{}", stderr(&o));
-    let spec: serde_json::Value = serde_json::from_slice(&o.stdout).expect("JSON");
+    let spec = container_spec(&[("TURNPIKE_EGRESS_ALLOW", "api.example.com:443")]).await;
     let network = spec["HostConfig"]["NetworkMode"]
         .as_str()
         .unwrap_or_default();
